@@ -1,0 +1,41 @@
+# The README's two commands: `make serve` and `make test`. Everything they need is
+# installed from scratch: a venv with the package (native parts compiled by its build),
+# and redis-server from Debian's packages when the machine has none.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install native redis-server serve test bench proto clean
+
+install: $(VENV)/.installed native
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# Rebuilds the C libraries when their sources changed (editable installs do not).
+native: $(VENV)/.installed
+	$(BIN)/python setup.py -q build_ext --inplace
+
+redis-server:
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
+
+serve: install
+	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
+	$(BIN)/recserve serve --config .demo/config.json
+
+test: install redis-server
+	$(BIN)/python -m pytest -q
+
+bench: install redis-server
+	$(BIN)/python -m benchmarks
+
+proto: install
+	$(BIN)/python -m recserve.proto.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info .demo
+	find recserve -name '*.so' -delete

@@ -1,0 +1,95 @@
+"""Models the benchmarks serve, built with recserve's own export API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from recserve.export import write_checkpoint, write_model_dir
+from recserve.model_spec import EmbeddingBinding, ModelSpec
+
+
+@dataclass
+class DlrmModel:
+    root: Path
+    model_dir: Path
+    checkpoint_dir: Path
+    keys: list[np.ndarray]      # per table
+    values: list[np.ndarray]    # per table, [rows, dim] float32
+    n_sparse: int
+    n_dense: int
+    dim: int
+
+    def config(self, **extra: object) -> dict[str, object]:
+        return {
+            "model_store_type": "local",
+            "savedmodel_dir": str(self.model_dir),
+            "checkpoint_dir": str(self.checkpoint_dir),
+            **extra,
+        }
+
+    def sample(self, batch: int, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """A request's inputs and, per table, the pre-resolved row ids (the floor's input)."""
+        inputs: dict[str, np.ndarray] = {"dense": rng.random((batch, self.n_dense), dtype=np.float32)}
+        rows = []
+        for t in range(self.n_sparse):
+            r = rng.integers(0, len(self.keys[t]), batch)
+            rows.append(r)
+            inputs[f"C{t}"] = self.keys[t][r]
+        return inputs, rows
+
+
+def _mlp(sizes: list[int], rng: np.random.Generator) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    nodes, inits = [], []
+    x = "features"
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+        w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
+        b = np.zeros(n_out, np.float32)
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"b{i}")]
+        y = f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"W{i}", f"b{i}"], [y]))
+        if i < len(sizes) - 2:
+            nodes.append(helper.make_node("Relu", [y], [y + "_relu"]))
+            y += "_relu"
+        x = y
+    nodes.append(helper.make_node("Sigmoid", [x], ["prob"]))
+    return nodes, inits
+
+
+def build_dlrm(
+    root: Path, *, n_sparse: int = 26, n_dense: int = 13, dim: int = 16, total_rows: int = 10_000_000,
+    hidden: tuple[int, ...] = (512, 256), seed: int = 0,
+) -> DlrmModel:
+    """26 sparse features (one table each, `total_rows` rows in all), 13 dense, MLP 429-512-256-1."""
+    rng = np.random.default_rng(seed)
+    inputs = [helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", n_dense])]
+    inputs += [helper.make_tensor_value_info(f"emb{t}", TensorProto.FLOAT, ["batch", dim]) for t in range(n_sparse)]
+    concat = helper.make_node("Concat", ["dense"] + [f"emb{t}" for t in range(n_sparse)], ["features"], axis=1)
+    nodes, inits = _mlp([n_dense + n_sparse * dim, *hidden, 1], rng)
+    graph = helper.make_graph(
+        [concat, *nodes], "dlrm", inputs, [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 1])], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    spec = ModelSpec(
+        embeddings=tuple(
+            EmbeddingBinding(input=f"C{t}", table=f"t{t}", dim=dim, graph_input=f"emb{t}") for t in range(n_sparse)
+        )
+    )
+    model_dir = write_model_dir(root / "model", model, spec)
+    per_table = total_rows // n_sparse
+    keys, values, tables = [], [], {}
+    for t in range(n_sparse):
+        # Random 64-bit keys (not 0..N-1) so the hash index does real work.
+        k = np.unique(rng.integers(0, np.iinfo(np.int64).max, int(per_table * 1.01) + 16, dtype=np.int64))
+        k = rng.permutation(k[:per_table])
+        v = rng.standard_normal((per_table, dim), dtype=np.float32)
+        keys.append(k)
+        values.append(v)
+        tables[f"t{t}"] = (k, v)
+    checkpoint_dir = root / "checkpoints"
+    write_checkpoint(checkpoint_dir, tables, global_step=1)
+    return DlrmModel(root, Path(model_dir), checkpoint_dir, keys, values, n_sparse, n_dense, dim)

@@ -1,0 +1,201 @@
+"""What `model.json` says: sparse-feature bindings and serving signatures (DESIGN §4).
+
+The same document may live in the ONNX model's ``metadata_props`` under key ``"recserve"``.
+Parsing is strict: an unknown key or a bad value raises ``ModelLoadError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from recserve.errors import ModelLoadError
+
+__all__ = [
+    "COMBINERS",
+    "DefaultSpec",
+    "EmbeddingBinding",
+    "ModelSpec",
+    "SignatureSpec",
+    "parse_model_spec",
+]
+
+COMBINERS = ("none", "sum", "mean", "sqrtn")
+KEY_DTYPES = ("int64", "string")
+Combiner = Literal["none", "sum", "mean", "sqrtn"]
+
+
+@dataclass(frozen=True)
+class DefaultSpec:
+    """The vector an unknown key gets: zeros, or N(0, stddev) drawn deterministically
+    from (seed, key) so every replica and every call returns the same vector."""
+
+    kind: Literal["zeros", "normal"] = "zeros"
+    stddev: float = 0.0
+    seed: int = 0
+
+    def to_json(self) -> Any:
+        if self.kind == "zeros":
+            return "zeros"
+        return {"normal": self.stddev, "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> DefaultSpec:
+        if value == "zeros":
+            return cls()
+        if isinstance(value, dict) and set(value) <= {"normal", "seed"} and "normal" in value:
+            stddev, seed = value["normal"], value.get("seed", 0)
+            if isinstance(stddev, (int, float)) and stddev >= 0 and isinstance(seed, int):
+                return cls(kind="normal", stddev=float(stddev), seed=seed)
+        raise ModelLoadError(
+            f"{where}: 'default' is {value!r}; valid values are \"zeros\" or "
+            '{"normal": <stddev >= 0>, "seed": <int>}'
+        )
+
+
+@dataclass(frozen=True)
+class EmbeddingBinding:
+    """Request input `input` (ids) is looked up in `table` and feeds graph input `graph_input`."""
+
+    input: str
+    table: str
+    dim: int
+    graph_input: str
+    combiner: Combiner = "none"
+    key_dtype: Literal["int64", "string"] = "int64"
+    default: DefaultSpec = field(default_factory=DefaultSpec)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input": self.input,
+            "table": self.table,
+            "dim": self.dim,
+            "combiner": self.combiner,
+            "graph_input": self.graph_input,
+            "key_dtype": self.key_dtype,
+            "default": self.default.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class SignatureSpec:
+    """Alias -> graph/request tensor name, for inputs and for outputs."""
+
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    embeddings: tuple[EmbeddingBinding, ...] = ()
+    # None: derive `serving_default` from the graph (DESIGN §4).
+    signatures: dict[str, SignatureSpec] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"embeddings": [b.to_json() for b in self.embeddings]}
+        if self.signatures is not None:
+            doc["signatures"] = {
+                name: {"inputs": dict(s.inputs), "outputs": dict(s.outputs)}
+                for name, s in self.signatures.items()
+            }
+        return doc
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=True)
+
+
+_BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default"}
+
+
+def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{where}: expected an object, got {type(raw).__name__}")
+    unknown = set(raw) - _BINDING_KEYS
+    if unknown:
+        raise ModelLoadError(
+            f"{where}: unknown key(s) {sorted(unknown)}; valid keys are {sorted(_BINDING_KEYS)}"
+        )
+    for key in ("input", "table", "dim"):
+        if key not in raw:
+            raise ModelLoadError(f"{where}: missing required key {key!r}")
+    if not isinstance(raw["input"], str) or not isinstance(raw["table"], str):
+        raise ModelLoadError(f"{where}: 'input' and 'table' must be strings")
+    dim = raw["dim"]
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+        raise ModelLoadError(f"{where}: 'dim' is {dim!r}; it must be a positive integer")
+    combiner = raw.get("combiner", "none")
+    if combiner not in COMBINERS:
+        raise ModelLoadError(f"{where}: 'combiner' is {combiner!r}; valid values are {list(COMBINERS)}")
+    key_dtype = raw.get("key_dtype", "int64")
+    if key_dtype not in KEY_DTYPES:
+        raise ModelLoadError(f"{where}: 'key_dtype' is {key_dtype!r}; valid values are {list(KEY_DTYPES)}")
+    graph_input = raw.get("graph_input", raw["input"])
+    if not isinstance(graph_input, str):
+        raise ModelLoadError(f"{where}: 'graph_input' must be a string")
+    return EmbeddingBinding(
+        input=raw["input"],
+        table=raw["table"],
+        dim=dim,
+        graph_input=graph_input,
+        combiner=combiner,
+        key_dtype=key_dtype,
+        default=DefaultSpec.from_json(raw.get("default", "zeros"), where),
+    )
+
+
+def _parse_name_map(raw: Any, where: str) -> dict[str, str]:
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise ModelLoadError(f"{where}: expected an object mapping alias -> tensor name")
+    return dict(raw)
+
+
+def parse_model_spec(text: str | bytes, source: str = "model.json") -> ModelSpec:
+    """Parse and validate a model.json document; `source` names it in error messages."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ModelLoadError(f"{source}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ModelLoadError(f"{source}: expected a JSON object")
+    unknown = set(doc) - {"embeddings", "signatures"}
+    if unknown:
+        raise ModelLoadError(
+            f"{source}: unknown key(s) {sorted(unknown)}; valid keys are ['embeddings', 'signatures']"
+        )
+    raw_bindings = doc.get("embeddings", [])
+    if not isinstance(raw_bindings, list):
+        raise ModelLoadError(f"{source}: 'embeddings' must be a list")
+    bindings = tuple(
+        _parse_binding(raw, f"{source}: embeddings[{i}]") for i, raw in enumerate(raw_bindings)
+    )
+    for attr in ("input", "graph_input"):
+        names = [getattr(b, attr) for b in bindings]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ModelLoadError(f"{source}: {attr} {twice} bound more than once")
+    first: dict[str, EmbeddingBinding] = {}
+    for b in bindings:
+        other = first.setdefault(b.table, b)
+        if (other.dim, other.default) != (b.dim, b.default):
+            raise ModelLoadError(
+                f"{source}: table {b.table!r} is bound by {other.input!r} and {b.input!r} with "
+                "different 'dim' or 'default'; bindings sharing a table must agree on both"
+            )
+    signatures: dict[str, SignatureSpec] | None = None
+    if "signatures" in doc:
+        raw_sigs = doc["signatures"]
+        if not isinstance(raw_sigs, dict) or not raw_sigs:
+            raise ModelLoadError(f"{source}: 'signatures' must be a non-empty object")
+        signatures = {}
+        for name, raw in raw_sigs.items():
+            where = f"{source}: signatures[{name!r}]"
+            if not isinstance(raw, dict) or set(raw) - {"inputs", "outputs"}:
+                raise ModelLoadError(f"{where}: expected an object with 'inputs' and 'outputs'")
+            signatures[name] = SignatureSpec(
+                inputs=_parse_name_map(raw.get("inputs", {}), f"{where}.inputs"),
+                outputs=_parse_name_map(raw.get("outputs", {}), f"{where}.outputs"),
+            )
+    return ModelSpec(embeddings=bindings, signatures=signatures)

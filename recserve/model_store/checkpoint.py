@@ -1,0 +1,167 @@
+"""Reading a version's parameters: embedding tables and dense initializers (DESIGN §4).
+
+`embedding/<table>.safetensors` holds tensors `keys` int64 [N], `values` float32 [N, D],
+optional `freqs` and `versions` int64 [N], and in a delta optional `deleted` int64 [M]
+(DeepRec's Embedding Variable export tensors without their `<name>-` prefix). A table name
+may contain "/" (DeepRec variable names do); the file then sits in subdirectories.
+`dense.safetensors` maps graph initializer names to their values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from recserve.errors import CorruptVersionError
+from recserve.model_store.manifest import Manifest
+from recserve.model_store.storage import Storage, join
+from recserve.model_store.versions import VersionRef
+
+__all__ = [
+    "DENSE_FILE",
+    "EMBEDDING_DIR",
+    "TABLE_TENSORS",
+    "Checkpoint",
+    "TableData",
+    "load_checkpoint",
+    "read_dense",
+    "read_table",
+    "table_file",
+]
+
+DENSE_FILE = "dense.safetensors"
+EMBEDDING_DIR = "embedding/"
+TABLE_SUFFIX = ".safetensors"
+TABLE_TENSORS = ("keys", "values", "freqs", "versions", "deleted")
+
+
+def table_file(table: str) -> str:
+    """The path of `table`'s file relative to a version dir."""
+    return f"{EMBEDDING_DIR}{table}{TABLE_SUFFIX}"
+
+
+@dataclass
+class TableData:
+    """One table's rows (or a delta's changed rows). Not thread-safe to mutate; the loader
+    hands it over whole. Construction validates dtypes, shapes and key uniqueness and
+    raises CorruptVersionError naming the problem."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    freqs: np.ndarray | None = None
+    versions: np.ndarray | None = None
+    deleted: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        _check_array("keys", self.keys, np.int64, 1)
+        _check_array("values", self.values, np.float32, 2)
+        n = self.keys.shape[0]
+        if self.values.shape[0] != n:
+            raise CorruptVersionError(
+                f"values has {self.values.shape[0]} rows but keys has {n}; they must match"
+            )
+        for name in ("freqs", "versions"):
+            arr = getattr(self, name)
+            if arr is not None:
+                _check_array(name, arr, np.int64, 1)
+                if arr.shape[0] != n:
+                    raise CorruptVersionError(
+                        f"{name} has {arr.shape[0]} entries but keys has {n}; they must match"
+                    )
+        if self.deleted is not None:
+            _check_array("deleted", self.deleted, np.int64, 1)
+        if n > 1:
+            ordered = np.sort(self.keys)
+            dup = ordered[1:][ordered[1:] == ordered[:-1]]
+            if dup.size:
+                raise CorruptVersionError(
+                    f"keys holds {dup.size} duplicate(s), e.g. {int(dup[0])}; keys must be unique"
+                )
+
+    @property
+    def dim(self) -> int:
+        return int(self.values.shape[1])
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The tensors as stored in a table file."""
+        out = {"keys": self.keys, "values": self.values}
+        for name in ("freqs", "versions", "deleted"):
+            arr = getattr(self, name)
+            if arr is not None:
+                out[name] = arr
+        return out
+
+
+def _check_array(name: str, arr: object, dtype: type, ndim: int) -> None:
+    if not isinstance(arr, np.ndarray):
+        raise CorruptVersionError(f"{name} is a {type(arr).__name__}; expected a numpy array")
+    if arr.dtype != dtype:
+        raise CorruptVersionError(
+            f"{name} has dtype {arr.dtype}; expected {np.dtype(dtype).name}"
+        )
+    if arr.ndim != ndim:
+        raise CorruptVersionError(
+            f"{name} has shape {list(arr.shape)}; expected {ndim} dimension(s)"
+        )
+
+
+def _read_tensors(storage: Storage, path: str) -> dict[str, np.ndarray]:
+    local = storage.local_path(path)
+    try:
+        if local is not None:
+            # Copies each tensor straight out of an mmap: one copy in memory, never two.
+            return safetensors.numpy.load_file(local)
+        return safetensors.numpy.load(storage.read(path))
+    except (safetensors.SafetensorError, ValueError, KeyError, OSError) as exc:
+        raise CorruptVersionError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
+def read_table(storage: Storage, path: str) -> TableData:
+    tensors = _read_tensors(storage, path)
+    unknown = sorted(set(tensors) - set(TABLE_TENSORS))
+    if unknown:
+        raise CorruptVersionError(
+            f"{path}: unknown tensor(s) {unknown}; valid names are {list(TABLE_TENSORS)}"
+        )
+    missing = [name for name in ("keys", "values") if name not in tensors]
+    if missing:
+        raise CorruptVersionError(f"{path}: missing tensor(s) {missing}")
+    try:
+        return TableData(**tensors)
+    except CorruptVersionError as exc:
+        raise CorruptVersionError(f"{path}: {exc}") from exc
+
+
+def read_dense(storage: Storage, path: str) -> dict[str, np.ndarray]:
+    return _read_tensors(storage, path)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded full version or delta. Read-only once built; safe to share."""
+
+    ref: VersionRef
+    manifest: Manifest
+    tables: dict[str, TableData]
+    dense: dict[str, np.ndarray]
+
+
+def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest) -> Checkpoint:
+    """Read every table and the dense file listed in `manifest`.
+
+    Does not verify checksums: call `verify` first (`newest_complete_version` does).
+    Files the manifest lists outside `embedding/*.safetensors` and `dense.safetensors`
+    are left alone."""
+    tables: dict[str, TableData] = {}
+    dense: dict[str, np.ndarray] = {}
+    for name in sorted(manifest.files):
+        if name == DENSE_FILE:
+            dense = read_dense(storage, join(ref.path, name))
+        elif name.startswith(EMBEDDING_DIR) and name.endswith(TABLE_SUFFIX):
+            table = name[len(EMBEDDING_DIR) : -len(TABLE_SUFFIX)]
+            if table:
+                tables[table] = read_table(storage, join(ref.path, name))
+    return Checkpoint(ref=ref, manifest=manifest, tables=tables, dense=dense)

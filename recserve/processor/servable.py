@@ -1,0 +1,134 @@
+"""One servable model version: embedding tables, a session group and the signatures.
+
+Built off the request path by `Servable.load`; immutable afterwards except for table rows
+that deltas update in place under the embedding engine's row rule. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from recserve.embedding import EmbeddingTable, string_keys
+from recserve.errors import ModelLoadError, RequestError
+from recserve.model_spec import EmbeddingBinding
+from recserve.model_store.checkpoint import Checkpoint
+from recserve.model_store.model_dir import ModelDir
+from recserve.processor.config import ProcessorConfig
+from recserve.processor.session_group import SessionGroup
+from recserve.processor.signature import DEFAULT_SIGNATURE, Signature, build_signatures
+from recserve.processor.trace import RequestTrace
+
+__all__ = ["Servable", "build_tables"]
+
+
+def build_tables(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
+    """One EmbeddingTable per bound table name, from the checkpoint's rows."""
+    tables: dict[str, EmbeddingTable] = {}
+    for b in bindings:
+        if b.table in tables:
+            continue
+        data = checkpoint.tables.get(b.table)
+        if data is None:
+            raise ModelLoadError(
+                f"table {b.table!r} (bound by input {b.input!r}) is not in checkpoint version "
+                f"{checkpoint.ref.name!r}; it has tables {sorted(checkpoint.tables)}"
+            )
+        if data.values.shape[1] != b.dim:
+            raise ModelLoadError(
+                f"table {b.table!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
+                f"but model.json binds it with dim {b.dim}"
+            )
+        tables[b.table] = EmbeddingTable(
+            b.table, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions
+        )
+    return tables
+
+
+@dataclass
+class Servable:
+    version: str
+    global_step: int
+    model: ModelDir
+    tables: Mapping[str, EmbeddingTable]
+    sessions: SessionGroup
+    signatures: Mapping[str, Signature]
+    default_signature: str
+    loaded_at: float
+
+    @classmethod
+    def load(
+        cls,
+        model: ModelDir,
+        checkpoint: Checkpoint,
+        config: ProcessorConfig,
+    ) -> Servable:
+        tables = build_tables(model.spec.embeddings, checkpoint)
+        sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
+        default_signature = config.signature_name or ""
+        signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
+        default = default_signature or DEFAULT_SIGNATURE
+        if default not in signatures:
+            # DeepRec serves the model's only signature whatever it is called.
+            if default_signature or len(signatures) != 1:
+                raise ModelLoadError(
+                    f"signature_name {default!r} is not in the model; it has {sorted(signatures)}"
+                )
+            default = next(iter(signatures))
+        return cls(
+            version=checkpoint.ref.name,
+            global_step=checkpoint.manifest.global_step,
+            model=model,
+            tables=tables,
+            sessions=sessions,
+            signatures=signatures,
+            default_signature=default,
+            loaded_at=time.time(),
+        )
+
+    def signature(self, name: str | None) -> Signature:
+        sig = self.signatures.get(name or self.default_signature)
+        if sig is None:
+            raise RequestError(
+                f"unknown signature_name {name!r}; this model has {sorted(self.signatures)}"
+            )
+        return sig
+
+    def predict(
+        self,
+        inputs: Mapping[str, Any],
+        output_filter: Sequence[str] | None = None,
+        *,
+        signature_name: str | None = None,
+        trace: RequestTrace | None = None,
+    ) -> dict[str, np.ndarray]:
+        trace = trace or RequestTrace()
+        sig = self.signature(signature_name)
+        arrays = sig.resolve_inputs(inputs)
+        chosen = sig.resolve_outputs(output_filter)
+        trace.batch_size = next((a.shape[0] for a in arrays.values() if a.ndim), 1)
+        trace.model_version = self.version
+        with trace.span("lookup"):
+            feeds = self._feeds(sig, arrays)
+        with trace.span("run"):
+            results = self.sessions.run([sig.outputs[alias].name for _, alias in chosen], feeds)
+        return {key: value for (key, _), value in zip(chosen, results)}
+
+    def _feeds(self, sig: Signature, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds: dict[str, np.ndarray] = {}
+        for alias, spec in sig.inputs.items():
+            arr = arrays[alias]
+            b = spec.binding
+            if b is None:
+                feeds[spec.name] = arr
+                continue
+            ids = string_keys(arr.ravel()).reshape(arr.shape) if b.key_dtype == "string" else arr
+            feeds[b.graph_input] = self.tables[b.table].lookup(ids, b.combiner)
+        return feeds
+
+    def close(self) -> None:
+        self.sessions.close()

@@ -1,0 +1,48 @@
+"""Per-request spans (decode, lookup, run, encode) for metrics and timelines.
+
+A `RequestTrace` is created by the caller (server, timeline writer) and passed to
+`Processor.process`/`predict`; the processor records into it. Not thread-safe: one
+trace belongs to one request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+__all__ = ["STAGES", "RequestTrace", "Span"]
+
+STAGES = ("decode", "lookup", "run", "encode")
+
+
+@dataclass(frozen=True)
+class Span:
+    stage: str
+    start_ns: int   # time.perf_counter_ns() clock
+    end_ns: int
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass
+class RequestTrace:
+    spans: list[Span] = field(default_factory=list)
+    batch_size: int = 0
+    model_version: str = ""
+    # Filled when the caller asked for an ONNX Runtime profile of this request (timelines).
+    ort_profile_path: str | None = None
+
+    @contextmanager
+    def span(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.spans.append(Span(stage, start, time.perf_counter_ns()))
+
+    def seconds(self, stage: str) -> float:
+        return sum(s.seconds for s in self.spans if s.stage == stage)

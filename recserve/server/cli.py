@@ -1,0 +1,62 @@
+"""The `recserve` command line (DESIGN §6)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from recserve.export.demo import write_demo
+
+    demo = write_demo(args.out)
+    print(f"wrote demo model to {demo.root}; serve it with: recserve serve --config {demo.config_path}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from recserve.server import serve
+
+    return serve(args.config, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
+
+
+def _lib_path(args: argparse.Namespace) -> int:
+    from recserve.processor.cabi import library_path
+
+    print(library_path())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="recserve", description="Serve recommendation models on ONNX Runtime.")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="write a small ready-to-serve model and its config.json")
+    demo.add_argument("--out", required=True, help="directory to write (created)")
+    demo.set_defaults(run=_demo)
+
+    serve = sub.add_parser("serve", help="serve the models of a DeepRec/EAS JSON config over HTTP and gRPC")
+    serve.add_argument("--config", required=True, help="path of the JSON config")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--http-port", type=int, default=8080)
+    serve.add_argument("--grpc-port", type=int, default=8500)
+    serve.set_defaults(run=_serve)
+
+    lib = sub.add_parser("lib-path", help="print the absolute path of libserving_processor.so")
+    lib.set_defaults(run=_lib_path)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from recserve.errors import RecserveError
+
+    try:
+        return int(args.run(args))
+    except RecserveError as exc:
+        print(f"recserve: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Builds recserve's native libraries with the package: plain C shared objects that
+Python loads with ctypes and that C hosts dlopen, so they are named lib<name>.so and
+carry no CPython module init."""
+
+import json
+import os
+import sys
+import sysconfig
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+CFLAGS = ["-O3", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+
+class SharedLibrary(Extension):
+    """A C library loaded by path (ctypes, dlopen), not imported as a module."""
+
+
+class BuildNative(build_ext):
+    def get_ext_filename(self, fullname: str) -> str:
+        ext = self.ext_map[fullname]
+        if isinstance(ext, SharedLibrary):
+            return os.path.join(*fullname.split(".")) + ".so"
+        return super().get_ext_filename(fullname)
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        if isinstance(ext, SharedLibrary):
+            return list(ext.export_symbols or [])
+        return super().get_export_symbols(ext)
+
+
+NATIVE = [
+    SharedLibrary(
+        "recserve.embedding.librecserve_embedding",
+        sources=["native/embedding.c", "native/embedding_keys.c"],
+        include_dirs=["native"],
+        # No FP contraction: default rows and pooling must match the Python twin bit for bit.
+        extra_compile_args=CFLAGS + ["-pthread", "-ffp-contract=off"],
+        extra_link_args=["-pthread", "-lm"],
+    ),
+]
+
+# The C ABI shim embeds CPython, so it links the interpreter's shared library.
+if os.path.exists("native/processor_shim.c"):
+    libdir = sysconfig.get_config_var("LIBDIR")
+    NATIVE.append(
+        SharedLibrary(
+            "recserve.libserving_processor",
+            sources=["native/processor_shim.c"],
+            include_dirs=["native", sysconfig.get_paths()["include"]],
+            libraries=[f"python{sysconfig.get_config_var('LDVERSION')}", "dl"],
+            library_dirs=[libdir],
+            runtime_library_dirs=[libdir],
+            # The Python doing the build: its environment is the one to embed when the
+            # library is used in place (editable install) rather than from site-packages.
+            define_macros=[("RECSERVE_BUILD_PYTHON", json.dumps(sys.executable))],
+            extra_compile_args=CFLAGS + ["-pthread"],
+            extra_link_args=["-pthread"],
+        )
+    )
+
+setup(ext_modules=NATIVE, cmdclass={"build_ext": BuildNative})

@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from recserve.errors import CorruptVersionError
+from recserve.export import TableData, write_checkpoint
+from recserve.model_store import (
+    LocalStorage,
+    list_full_versions,
+    load_checkpoint,
+    read_manifest,
+    read_table,
+)
+
+STORAGE = LocalStorage()
+
+
+class RemoteLikeStorage(LocalStorage):
+    """A backend without local paths: tables arrive through `read`."""
+
+    def local_path(self, path):
+        return None
+
+
+def _i64(*values):
+    return np.array(values, dtype=np.int64)
+
+
+def _f32(rows, dim=3):
+    return np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keys": np.array([1, 2], dtype=np.int32), "values": _f32(2)},
+         "keys has dtype int32; expected int64"),
+        ({"keys": [1, 2], "values": _f32(2)}, "keys is a list; expected a numpy array"),
+        ({"keys": _i64(1, 2), "values": _f32(2).astype(np.float64)},
+         "values has dtype float64; expected float32"),
+        ({"keys": _i64(1, 2), "values": np.zeros(2, dtype=np.float32)},
+         "values has shape [2]; expected 2 dimension(s)"),
+        ({"keys": _i64(1, 2, 3), "values": _f32(2)},
+         "values has 2 rows but keys has 3; they must match"),
+        ({"keys": _i64(1, 2), "values": _f32(2), "freqs": _i64(1)},
+         "freqs has 1 entries but keys has 2; they must match"),
+        ({"keys": _i64(1, 2), "values": _f32(2), "versions": _f32(2)},
+         "versions has dtype float32; expected int64"),
+        ({"keys": _i64(1, 2), "values": _f32(2), "deleted": _i64(1, 2).reshape(1, 2)},
+         "deleted has shape [1, 2]; expected 1 dimension(s)"),
+        ({"keys": _i64(5, 1, 5, 9, 1), "values": _f32(5)},
+         "keys holds 2 duplicate(s), e.g. 1; keys must be unique"),
+    ],
+)
+def test_table_data_validation(kwargs, message):
+    with pytest.raises(CorruptVersionError) as err:
+        TableData(**kwargs)
+    assert str(err.value) == message
+
+
+def test_tables_and_dense_round_trip(tmp_path):
+    user = TableData(keys=_i64(10, 30, 20), values=_f32(3), freqs=_i64(1, 2, 3),
+                     versions=_i64(7, 7, 8))
+    nested = (_i64(0, 1), _f32(2, dim=4))
+    dense = {"deep_w1": np.ones((3, 2), dtype=np.float32), "step": np.array([5], dtype=np.int64)}
+    write_checkpoint(tmp_path, {"user": user, "input_layer/item/ev": nested},
+                     global_step=42, dense=dense)
+    for storage in (STORAGE, RemoteLikeStorage()):
+        (ref,) = list_full_versions(storage, str(tmp_path))
+        ckpt = load_checkpoint(storage, ref, read_manifest(storage, ref.path))
+        assert ckpt.ref.global_step == 42 and ckpt.manifest.kind == "full"
+        assert sorted(ckpt.tables) == ["input_layer/item/ev", "user"]
+        got = ckpt.tables["user"]
+        for name in ("keys", "values", "freqs", "versions"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(user, name))
+        assert got.deleted is None and got.dim == 3
+        np.testing.assert_array_equal(ckpt.tables["input_layer/item/ev"].values, nested[1])
+        assert ckpt.tables["input_layer/item/ev"].freqs is None
+        assert sorted(ckpt.dense) == ["deep_w1", "step"]
+        np.testing.assert_array_equal(ckpt.dense["step"], dense["step"])
+    assert (tmp_path / "42/embedding/input_layer/item/ev.safetensors").is_file()
+
+
+def test_empty_checkpoint_loads_with_no_tables(tmp_path):
+    version = write_checkpoint(tmp_path, {}, global_step=0)
+    (ref,) = list_full_versions(STORAGE, str(tmp_path))
+    ckpt = load_checkpoint(STORAGE, ref, read_manifest(STORAGE, str(version)))
+    assert ckpt.tables == {} and ckpt.dense == {}
+
+
+def test_unknown_tensor_in_a_table_file_is_corrupt(tmp_path):
+    path = tmp_path / "t.safetensors"
+    safetensors.numpy.save_file({"keys": _i64(1), "values": _f32(1), "weights": _f32(1)}, path)
+    with pytest.raises(CorruptVersionError) as err:
+        read_table(STORAGE, str(path))
+    assert str(err.value) == (
+        f"{path}: unknown tensor(s) ['weights']; valid names are "
+        "['keys', 'values', 'freqs', 'versions', 'deleted']"
+    )
+
+
+def test_missing_values_tensor_is_corrupt(tmp_path):
+    path = tmp_path / "t.safetensors"
+    safetensors.numpy.save_file({"keys": _i64(1)}, path)
+    with pytest.raises(CorruptVersionError, match=r"safetensors: missing tensor\(s\) \['values'\]"):
+        read_table(STORAGE, str(path))
+
+
+def test_invalid_table_contents_name_the_file(tmp_path):
+    path = tmp_path / "t.safetensors"
+    safetensors.numpy.save_file({"keys": _i64(3, 3), "values": _f32(2)}, path)
+    with pytest.raises(CorruptVersionError) as err:
+        read_table(STORAGE, str(path))
+    assert str(err.value) == f"{path}: keys holds 1 duplicate(s), e.g. 3; keys must be unique"
+
+
+@pytest.mark.parametrize("storage", [STORAGE, RemoteLikeStorage()], ids=["local", "remote"])
+def test_garbage_table_file_is_corrupt(tmp_path, storage):
+    path = tmp_path / "t.safetensors"
+    path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    with pytest.raises(CorruptVersionError, match=r"safetensors: not a readable safetensors file"):
+        read_table(storage, str(path))

@@ -1,0 +1,83 @@
+"""ServableManager: leases keep a retired servable open until the last request ends."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from recserve.errors import ModelNotReadyError
+from recserve.processor.manager import ServableManager
+
+
+class Version:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_no_version_is_503() -> None:
+    manager: ServableManager[Version] = ServableManager("m")
+    with pytest.raises(ModelNotReadyError, match="model 'm' has no version loaded yet") as info:
+        with manager.acquire():
+            pass
+    assert info.value.status == 503
+
+
+def test_swap_without_leases_closes_old_at_once() -> None:
+    manager: ServableManager[Version] = ServableManager("m")
+    v1, v2 = Version("1"), Version("2")
+    manager.swap(v1)
+    manager.swap(v2)
+    assert v1.closed == 1 and v2.closed == 0
+    assert manager.current is v2
+
+
+def test_leased_version_closes_when_last_lease_ends() -> None:
+    manager: ServableManager[Version] = ServableManager("m")
+    v1, v2 = Version("1"), Version("2")
+    manager.swap(v1)
+    with manager.acquire() as a:
+        with manager.acquire() as b:
+            manager.swap(v2)
+            assert a is b is v1 and v1.closed == 0
+            with manager.acquire() as c:
+                assert c is v2  # new requests see the new version at once
+        assert v1.closed == 0
+    assert v1.closed == 1 and v2.closed == 0
+
+
+def test_concurrent_requests_never_see_a_closed_version() -> None:
+    manager: ServableManager[Version] = ServableManager("m")
+    manager.swap(Version("0"))
+    seen_closed = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            with manager.acquire() as v:
+                if v.closed:
+                    seen_closed.append(v.name)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    versions = [Version(str(i)) for i in range(1, 2001)]
+    for v in versions:
+        manager.swap(v)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert seen_closed == []
+    assert all(v.closed == 1 for v in versions[:-1]) and versions[-1].closed == 0
+
+
+def test_swap_to_none_retires_current() -> None:
+    manager: ServableManager[Version] = ServableManager("m")
+    v = Version("1")
+    manager.swap(v)
+    manager.swap(None)
+    assert v.closed == 1 and manager.current is None

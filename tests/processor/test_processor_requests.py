@@ -1,0 +1,158 @@
+"""Request semantics and every 400 case (DESIGN §3), through `process` (bytes, never
+raises) and `predict` (raises recserve.errors.RequestError)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from recserve import Processor
+from recserve.errors import RequestError
+from recserve.processor.codec import decode_response, encode_request
+
+ALL_INPUTS = "['age', 'city', 'clicked_items', 'hour', 'item_category', 'item_id', 'price', 'query_category', 'user_id']"
+
+
+def _bad(processor: Processor, inputs: dict, message: str, **kwargs) -> None:
+    """The same 400 and message on the bytes path and on the Python path."""
+    status, body = processor.process(encode_request(inputs, **kwargs))
+    assert (status, body.decode()) == (400, message)
+    with pytest.raises(RequestError) as info:
+        processor.predict(
+            inputs,
+            list(kwargs.get("output_filter", ())) or None,
+            signature_name=kwargs.get("signature_name") or None,
+        )
+    assert info.value.status == 400 and info.value.message == message
+
+
+def test_process_returns_predictions_equal_to_predict(processor: Processor, request_inputs) -> None:
+    status, body = processor.process(encode_request(request_inputs))
+    assert status == 200
+    got = decode_response(body)
+    want = processor.predict(request_inputs)
+    assert set(got) == {"probabilities", "logits"}
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+        assert got[key].shape == (3, 1)
+
+
+def test_empty_request_describes_the_signature(processor: Processor) -> None:
+    status, body = processor.process(b"")
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["signature_name"] == "serving_default"
+    assert doc["inputs"]["clicked_items"] == {"name": "clicked_items", "dtype": "int64", "shape": [-1, -1]}
+    assert doc["inputs"]["city"]["dtype"] == "string"
+    assert doc["outputs"]["probabilities"] == {"name": "prob", "dtype": "float32", "shape": [-1, 1]}
+
+
+def test_output_filter_by_alias_and_by_tensor_name(processor: Processor, request_inputs) -> None:
+    full = processor.predict(request_inputs)
+    status, body = processor.process(encode_request(request_inputs, output_filter=["prob:0"]))
+    assert status == 200
+    got = decode_response(body)
+    assert list(got) == ["prob:0"]
+    np.testing.assert_array_equal(got["prob:0"], full["probabilities"])
+    only = processor.predict(request_inputs, ["logits"])
+    assert list(only) == ["logits"]
+
+
+def test_tensor_names_and_narrower_ints_are_accepted(processor: Processor, request_inputs) -> None:
+    want = processor.predict(request_inputs)
+    renamed = dict(request_inputs)
+    renamed["user_id:0"] = renamed.pop("user_id").astype(np.int32)  # int32 -> int64 is safe
+    got = processor.predict(renamed)
+    np.testing.assert_array_equal(got["probabilities"], want["probabilities"])
+
+
+def test_garbage_bytes(processor: Processor) -> None:
+    status, body = processor.process(b"\xff\xff\xff\xff garbage")
+    assert (status, body.decode()) == (
+        400,
+        "request is not a valid tensorflow.eas.PredictRequest (12 bytes): "
+        "Error parsing message with type 'tensorflow.eas.PredictRequest': Wire format was corrupt",
+    )
+
+
+def test_unknown_input(processor: Processor, request_inputs) -> None:
+    request_inputs["user"] = request_inputs["user_id"]
+    _bad(processor, request_inputs,
+         f"unknown input 'user' for signature 'serving_default'; valid inputs are {ALL_INPUTS}")
+
+
+def test_missing_input(processor: Processor, request_inputs) -> None:
+    del request_inputs["age"], request_inputs["city"]
+    _bad(processor, request_inputs,
+         f"missing input(s) ['age', 'city'] for signature 'serving_default'; it needs {ALL_INPUTS}")
+
+
+def test_dtype_that_cannot_be_safely_cast(processor: Processor, request_inputs) -> None:
+    request_inputs["age"] = request_inputs["age"].astype(np.float64)
+    _bad(processor, request_inputs,
+         "input 'age': dtype float64 cannot be safely cast to float32; send float32")
+
+
+def test_float_ids_are_refused(processor: Processor, request_inputs) -> None:
+    request_inputs["user_id"] = request_inputs["user_id"].astype(np.float32)
+    _bad(processor, request_inputs,
+         "input 'user_id': dtype float32 cannot be safely cast to int64; send int64 or a narrower integer type")
+
+
+def test_numbers_for_a_string_feature_are_refused(processor: Processor, request_inputs) -> None:
+    request_inputs["city"] = np.array([1, 2, 3], np.int64)
+    _bad(processor, request_inputs, "input 'city': expects strings, got int64")
+
+
+def test_wrong_rank(processor: Processor, request_inputs) -> None:
+    request_inputs["age"] = request_inputs["age"].reshape(-1)
+    _bad(processor, request_inputs, "input 'age': shape [3] does not match [?, 1] (? is any size)")
+
+
+def test_wrong_fixed_dimension(processor: Processor, request_inputs) -> None:
+    request_inputs["price"] = np.zeros((3, 2), np.float32)
+    _bad(processor, request_inputs, "input 'price': shape [3, 2] does not match [?, 1] (? is any size)")
+
+
+def test_inconsistent_batch(processor: Processor, request_inputs) -> None:
+    request_inputs["item_id"] = request_inputs["item_id"][:2]
+    _bad(processor, request_inputs,
+         "inconsistent batch size across inputs: 'age' has 3, 'city' has 3, 'clicked_items' has 3, "
+         "'hour' has 3, 'item_category' has 3, 'item_id' has 2, 'price' has 3, 'query_category' has 3, "
+         "'user_id' has 3")
+
+
+def test_unknown_output(processor: Processor, request_inputs) -> None:
+    _bad(processor, request_inputs,
+         "unknown output 'score' in output_filter for signature 'serving_default'; "
+         "valid outputs are ['logits', 'probabilities']",
+         output_filter=["score"])
+
+
+def test_unknown_signature(processor: Processor, request_inputs) -> None:
+    _bad(processor, request_inputs,
+         "unknown signature_name 'predict'; this model has ['serving_default']",
+         signature_name="predict")
+
+
+def test_input_given_twice(processor: Processor, request_inputs) -> None:
+    request_inputs["user_id:0"] = request_inputs["user_id"]
+    _bad(processor, request_inputs, "input 'user_id' is given twice (as an alias and as a tensor name)")
+
+
+def test_element_count_differs_from_shape(processor: Processor, request_inputs) -> None:
+    from recserve.proto import predict_pb2
+
+    request = predict_pb2.PredictRequest.FromString(encode_request(request_inputs))
+    request.inputs["age"].float_val.append(1.0)  # 4 values for shape [3, 1]
+    status, body = processor.process(request.SerializeToString())
+    assert status == 400
+    assert body.decode() == "input 'age': shape [3, 1] needs 3 values, got 4"
+
+
+def test_processor_keeps_serving_after_errors(processor: Processor, request_inputs) -> None:
+    for junk in (b"\x00", b"\x0a\x05hello", b"\xff" * 64):
+        assert processor.process(junk)[0] == 400
+    assert processor.process(encode_request(request_inputs))[0] == 200
