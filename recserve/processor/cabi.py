@@ -1,0 +1,74 @@
+"""The Python side of libserving_processor.so (`native/processor_shim.c`, DESIGN §2).
+
+The shim calls these functions with the GIL held. Each returns plain values — a status and
+bytes — and turns every exception into a status and message, so the C side only copies
+bytes and a host never sees a Python error. Thread-safe: the functions keep no state and
+every `Processor` is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from recserve.errors import InternalError, RecserveError
+from recserve.processor.processor import Processor
+
+__all__ = ["close", "library_path", "model_info", "open_processor", "process", "process_batch"]
+
+LIBRARY_NAME = "libserving_processor.so"
+
+log = logging.getLogger("recserve.cabi")
+
+
+def library_path() -> str:
+    """Absolute path of the built libserving_processor.so (what `recserve lib-path` prints)."""
+    path = Path(__file__).resolve().parent.parent / LIBRARY_NAME
+    if not path.is_file():
+        raise InternalError(
+            f"{LIBRARY_NAME} was not built: expected it at {path}; build it with `make native` "
+            "(or `python setup.py build_ext --inplace`) in the recserve checkout, or reinstall recserve"
+        )
+    return str(path)
+
+
+def _failure(exc: Exception) -> tuple[int, str]:
+    if isinstance(exc, RecserveError):
+        return exc.status, exc.message
+    log.exception("C ABI call failed")
+    return 500, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def open_processor(model_entry: bytes, model_config: bytes) -> tuple[Processor | None, str]:
+    """`initialize`: (processor, "") or (None, the reason it could not be created)."""
+    name = model_entry.decode("utf-8", "replace") or "default"
+    try:
+        return Processor(model_config, model_name=name), ""
+    except Exception as exc:  # noqa: BLE001 - the host gets state -1 and the reason, never a Python error
+        return None, _failure(exc)[1]
+
+
+def process(processor: Processor, data: bytes) -> tuple[int, bytes]:
+    return processor.process(data)
+
+
+def process_batch(processor: Processor, requests: list[bytes]) -> list[tuple[int, bytes]]:
+    """`batch_process`: every request is served on its own and gets its own status."""
+    return [processor.process(data) for data in requests]
+
+
+def model_info(processor: Processor) -> tuple[int, bytes]:
+    """`get_serving_model_info`: (200, ServingModelInfo bytes) or (status, message)."""
+    try:
+        return 200, processor.model_info_bytes()
+    except Exception as exc:  # noqa: BLE001 - the host gets a status and message
+        status, message = _failure(exc)
+        return status, message.encode()
+
+
+def close(processor: Processor) -> None:
+    """`destroy`: stop serving; a failure is logged, never raised into the host."""
+    try:
+        processor.close()
+    except Exception:
+        log.exception("closing model %r failed", processor.model_name)
