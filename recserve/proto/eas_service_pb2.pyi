@@ -1,0 +1,10 @@
+from recserve.proto import predict_pb2 as _predict_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServingModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
