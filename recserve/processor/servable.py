@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from recserve.embedding import EmbeddingTable, string_keys
+from recserve.embedding import EmbeddingTable, LookupPlan, string_keys
 from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.checkpoint import Checkpoint
@@ -59,6 +59,8 @@ class Servable:
     signatures: Mapping[str, Signature]
     default_signature: str
     loaded_at: float
+    # Per signature: the aliases of its id inputs and one plan looking all of them up.
+    plans: Mapping[str, tuple[tuple[str, ...], LookupPlan]]
 
     @classmethod
     def load(
@@ -79,6 +81,11 @@ class Servable:
                     f"signature_name {default!r} is not in the model; it has {sorted(signatures)}"
                 )
             default = next(iter(signatures))
+        plans = {}
+        for name, sig in signatures.items():
+            bound = tuple(a for a, spec in sig.inputs.items() if spec.binding is not None)
+            pairs = [(tables[b.table], b.combiner) for b in (sig.inputs[a].binding for a in bound) if b]
+            plans[name] = (bound, LookupPlan(pairs))
         return cls(
             version=checkpoint.ref.name,
             global_step=checkpoint.manifest.global_step,
@@ -88,6 +95,7 @@ class Servable:
             signatures=signatures,
             default_signature=default,
             loaded_at=time.time(),
+            plans=plans,
         )
 
     def signature(self, name: str | None) -> Signature:
@@ -119,15 +127,16 @@ class Servable:
         return {key: value for (key, _), value in zip(chosen, results)}
 
     def _feeds(self, sig: Signature, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds: dict[str, np.ndarray] = {}
-        for alias, spec in sig.inputs.items():
+        feeds = {spec.name: arrays[alias] for alias, spec in sig.inputs.items() if spec.binding is None}
+        bound, plan = self.plans[sig.name]
+        ids_list = []
+        for alias in bound:
             arr = arrays[alias]
-            b = spec.binding
-            if b is None:
-                feeds[spec.name] = arr
-                continue
-            ids = string_keys(arr.ravel()).reshape(arr.shape) if b.key_dtype == "string" else arr
-            feeds[b.graph_input] = self.tables[b.table].lookup(ids, b.combiner)
+            if sig.inputs[alias].dtype == np.dtype(object):  # key_dtype "string"
+                arr = string_keys(arr.ravel()).reshape(arr.shape)
+            ids_list.append(arr)
+        for alias, out in zip(bound, plan.run(ids_list)):
+            feeds[sig.inputs[alias].binding.graph_input] = out  # type: ignore[union-attr]
         return feeds
 
     def close(self) -> None:

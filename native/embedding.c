@@ -1,0 +1,648 @@
+/* recserve embedding engine: hash index + row storage + lock-free batch lookups.
+ * The contract (layout, concurrency, status codes) is in embedding.h.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "embedding.h"
+
+#define EMPTY_KEY (-1)            /* never a real key: -1 is padding */
+#define TOMBSTONE UINT64_MAX      /* the slot of a deleted key (and of an empty bucket) */
+#define LOAD_NUM 7                /* rebuild the index above 70% occupied buckets */
+#define LOAD_DEN 10
+#define MIN_BUCKETS 16
+#define EXTRA_SHIFT 10            /* upsert block k holds 1024 << k rows */
+#define MAX_BLOCKS 48
+#define HUGE_PAGE (2u << 20)
+
+/* Loads and lookups work through keys in groups of GROUP, one pass per memory access
+ * (see pipeline()). */
+#define GROUP 512
+
+/* ---- index: key -> slot ---- */
+
+/* Buckets come four to a 64-byte line, keys first: a probe loads the line's keys with two
+ * vector loads and compares them at once. Bucket p is lane p % 4 of line p / 4. */
+#define LINE_BUCKETS 4
+typedef struct {
+    _Atomic int64_t keys[LINE_BUCKETS];
+    _Atomic uint64_t slots[LINE_BUCKETS];
+} line;
+
+typedef struct {
+    line* lines;
+    uint64_t mask; /* buckets - 1 */
+    int64_t used;  /* buckets holding a key, live or deleted; writer only */
+} rs_index;
+
+typedef struct {
+    _Atomic int64_t* key;
+    _Atomic uint64_t* slot;
+} bucket;
+
+static inline bucket bucket_at(const rs_index* ix, uint64_t p) {
+    line* l = &ix->lines[p / LINE_BUCKETS];
+    return (bucket){&l->keys[p % LINE_BUCKETS], &l->slots[p % LINE_BUCKETS]};
+}
+
+static inline uint64_t hash_key(int64_t key) {
+    uint64_t h = (uint64_t)key; /* murmur3's fmix64: sequential keys spread over the table */
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDULL;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 33);
+}
+
+static uint64_t index_capacity(int64_t keys) {
+    uint64_t cap = MIN_BUCKETS;
+    while ((uint64_t)keys * LOAD_DEN > cap * LOAD_NUM) cap <<= 1;
+    return cap;
+}
+
+static int64_t index_max_used(const rs_index* ix) {
+    return (int64_t)((ix->mask + 1) / LOAD_DEN * LOAD_NUM);
+}
+
+static rs_index* index_new(uint64_t capacity) {
+    rs_index* ix = malloc(sizeof *ix);
+    if (!ix) return NULL;
+    size_t bytes = capacity / LINE_BUCKETS * sizeof(line);
+    void* mem = NULL;
+    if (posix_memalign(&mem, bytes >= HUGE_PAGE ? HUGE_PAGE : 64, bytes) != 0) {
+        free(ix);
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    /* Probes are random accesses: huge pages save a TLB miss on most of them. */
+    if (bytes >= HUGE_PAGE) madvise(mem, bytes, MADV_HUGEPAGE);
+#endif
+    memset(mem, 0xFF, bytes); /* every bucket: key EMPTY_KEY, slot TOMBSTONE */
+    ix->lines = mem;
+    ix->mask = capacity - 1;
+    ix->used = 0;
+    return ix;
+}
+
+static void index_free(rs_index* ix) {
+    if (!ix) return;
+    free(ix->lines);
+    free(ix);
+}
+
+/* A key's probe sequence (linear probing) starts at the first bucket of the line its hash
+ * picks: at 60-70% load most keys then sit in that line, so a lookup costs one cache miss. */
+static inline uint64_t home_line(uint64_t h, uint64_t mask) { return (h & mask) / LINE_BUCKETS; }
+
+/* The bucket holding `key`, or the empty bucket where it would go. */
+static inline bucket index_find(const rs_index* ix, int64_t key, uint64_t h) {
+    for (uint64_t p = home_line(h, ix->mask) * LINE_BUCKETS;; p = (p + 1) & ix->mask) {
+        bucket b = bucket_at(ix, p);
+        int64_t k = atomic_load_explicit(b.key, memory_order_acquire);
+        if (k == key || k == EMPTY_KEY) return b;
+    }
+}
+
+/* ---- storage: slot -> row ---- */
+
+typedef struct {
+    int64_t dim;
+    float* base; /* block 0: the adopted values, slots [0, base_rows) */
+    uint64_t base_rows;
+    _Atomic(float*) blocks[MAX_BLOCKS]; /* upsert blocks, allocated by the writer */
+    uint64_t extra_used;                 /* writer only */
+} rs_storage;
+
+static inline float* storage_row(const rs_storage* s, uint64_t slot) {
+    if (slot < s->base_rows) return s->base + slot * (uint64_t)s->dim;
+    uint64_t e = slot - s->base_rows;
+    int k = 63 - __builtin_clzll((e >> EXTRA_SHIFT) + 1);
+    uint64_t offset = e - ((((uint64_t)1 << k) - 1) << EXTRA_SHIFT);
+    /* Relaxed is enough: the slot itself was read with acquire after this pointer was set. */
+    return atomic_load_explicit(&s->blocks[k], memory_order_relaxed) + offset * (uint64_t)s->dim;
+}
+
+static int storage_append(rs_storage* s, uint64_t* slot) {
+    uint64_t e = s->extra_used;
+    int k = 63 - __builtin_clzll((e >> EXTRA_SHIFT) + 1);
+    if (k >= MAX_BLOCKS) return RS_ENOMEM;
+    if (!atomic_load_explicit(&s->blocks[k], memory_order_relaxed)) {
+        size_t rows = (size_t)1 << (k + EXTRA_SHIFT);
+        float* block = malloc(rows * (size_t)s->dim * sizeof(float));
+        if (!block) return RS_ENOMEM;
+        atomic_store_explicit(&s->blocks[k], block, memory_order_relaxed);
+    }
+    s->extra_used = e + 1;
+    *slot = s->base_rows + e;
+    return RS_OK;
+}
+
+static void storage_free(rs_storage* s) {
+    for (int k = 0; k < MAX_BLOCKS; k++) free(atomic_load_explicit(&s->blocks[k], memory_order_relaxed));
+}
+
+/* ---- writer-side lists ---- */
+
+typedef struct {
+    uint64_t* items;
+    size_t len, cap;
+} slot_list;
+
+typedef struct {
+    rs_index** items;
+    size_t len, cap;
+} index_list;
+
+static int grow_array(void** items, size_t* cap, size_t need, size_t item_size) {
+    if (need <= *cap) return RS_OK;
+    size_t cap2 = *cap ? *cap : 64;
+    while (cap2 < need) cap2 *= 2;
+    void* p = realloc(*items, cap2 * item_size);
+    if (!p) return RS_ENOMEM;
+    *items = p;
+    *cap = cap2;
+    return RS_OK;
+}
+
+static int slot_push(slot_list* l, uint64_t v) {
+    if (grow_array((void**)&l->items, &l->cap, l->len + 1, sizeof(uint64_t))) return RS_ENOMEM;
+    l->items[l->len++] = v;
+    return RS_OK;
+}
+
+static int index_push(index_list* l, rs_index* v) {
+    if (grow_array((void**)&l->items, &l->cap, l->len + 1, sizeof(rs_index*))) return RS_ENOMEM;
+    l->items[l->len++] = v;
+    return RS_OK;
+}
+
+/* ---- the table ---- */
+
+struct rs_table {
+    _Atomic(rs_index*) index;
+    rs_storage storage;
+    int64_t dim;
+    int32_t default_kind;
+    double stddev;
+    uint64_t seed;
+    _Atomic int64_t live;
+
+    /* Reader epoch (see embedding.h), on its own cache line. */
+    _Alignas(64) _Atomic uint64_t generation;
+    _Atomic int64_t in_flight[2];
+
+    /* Writer only. Retired memory moves retired -> waiting (at a generation flip) -> free
+     * (once the waiting generation has no reader left). */
+    _Alignas(64) slot_list free_slots;
+    slot_list retired_slots, waiting_slots;
+    index_list retired_indexes, waiting_indexes;
+    bool waiting;
+    int waiting_parity;
+};
+
+static uint64_t reader_enter(rs_table* t) {
+    for (;;) {
+        uint64_t g = atomic_load(&t->generation);
+        atomic_fetch_add(&t->in_flight[g & 1], 1);
+        /* A flip between the load and the increment: the writer may not have counted us. */
+        if (atomic_load(&t->generation) == g) return g;
+        atomic_fetch_sub(&t->in_flight[g & 1], 1);
+    }
+}
+
+static void reader_exit(rs_table* t, uint64_t g) {
+    atomic_fetch_sub_explicit(&t->in_flight[g & 1], 1, memory_order_release);
+}
+
+static int release_waiting(rs_table* t) {
+    slot_list* w = &t->waiting_slots;
+    if (grow_array((void**)&t->free_slots.items, &t->free_slots.cap, t->free_slots.len + w->len,
+                   sizeof(uint64_t)))
+        return RS_ENOMEM;
+    if (w->len) memcpy(t->free_slots.items + t->free_slots.len, w->items, w->len * sizeof(uint64_t));
+    t->free_slots.len += w->len;
+    w->len = 0;
+    for (size_t i = 0; i < t->waiting_indexes.len; i++) index_free(t->waiting_indexes.items[i]);
+    t->waiting_indexes.len = 0;
+    t->waiting = false;
+    return RS_OK;
+}
+
+/* Advances the epoch as far as readers allow; never waits. */
+static int reclaim(rs_table* t) {
+    if (t->waiting && atomic_load(&t->in_flight[t->waiting_parity]) == 0) {
+        if (release_waiting(t)) return RS_ENOMEM;
+    }
+    if (!t->waiting && (t->retired_slots.len || t->retired_indexes.len)) {
+        uint64_t g = atomic_load(&t->generation);
+        atomic_store(&t->generation, g + 1);
+        slot_list s = t->waiting_slots;
+        t->waiting_slots = t->retired_slots;
+        t->retired_slots = s;
+        index_list x = t->waiting_indexes;
+        t->waiting_indexes = t->retired_indexes;
+        t->retired_indexes = x;
+        t->waiting = true;
+        t->waiting_parity = (int)(g & 1);
+        if (atomic_load(&t->in_flight[g & 1]) == 0) return release_waiting(t);
+    }
+    return RS_OK;
+}
+
+int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t seed,
+                    const int64_t* keys, float* values, int64_t n, rs_table** out,
+                    int64_t* bad_key) {
+    *out = NULL;
+    if (dim <= 0 || n < 0 || (default_kind != RS_DEFAULT_ZEROS && default_kind != RS_DEFAULT_NORMAL))
+        return RS_EINVAL;
+    size_t size = (sizeof(rs_table) + 63) / 64 * 64;
+    rs_table* t = aligned_alloc(64, size);
+    if (!t) return RS_ENOMEM;
+    memset(t, 0, size);
+    t->dim = dim;
+    t->default_kind = default_kind;
+    t->stddev = stddev;
+    t->seed = seed;
+    t->storage.dim = dim;
+    t->storage.base = values;
+    t->storage.base_rows = (uint64_t)n;
+    for (int k = 0; k < MAX_BLOCKS; k++) atomic_init(&t->storage.blocks[k], NULL);
+    atomic_init(&t->generation, 0);
+    atomic_init(&t->in_flight[0], 0);
+    atomic_init(&t->in_flight[1], 0);
+
+    rs_index* ix = index_new(index_capacity(n));
+    if (!ix) {
+        free(t);
+        return RS_ENOMEM;
+    }
+    uint64_t h[GROUP];
+    for (int64_t c = 0; c < n; c += GROUP) {
+        int64_t m = n - c < GROUP ? n - c : GROUP;
+        for (int64_t i = 0; i < m; i++) {
+            h[i] = hash_key(keys[c + i]);
+            __builtin_prefetch(&ix->lines[home_line(h[i], ix->mask)], 1);
+        }
+        for (int64_t i = 0; i < m; i++) {
+            int64_t key = keys[c + i];
+            bucket b = index_find(ix, key, h[i]);
+            if (key == EMPTY_KEY || atomic_load_explicit(b.key, memory_order_relaxed) == key) {
+                *bad_key = key;
+                index_free(ix);
+                free(t);
+                return key == EMPTY_KEY ? RS_EINVAL : RS_EDUPLICATE;
+            }
+            atomic_store_explicit(b.slot, (uint64_t)(c + i), memory_order_relaxed);
+            atomic_store_explicit(b.key, key, memory_order_relaxed);
+        }
+    }
+    ix->used = n;
+    atomic_init(&t->live, n);
+    atomic_init(&t->index, ix);
+    *out = t;
+    return RS_OK;
+}
+
+void rs_table_free(rs_table* t) {
+    if (!t) return;
+    index_free(atomic_load(&t->index));
+    for (size_t i = 0; i < t->retired_indexes.len; i++) index_free(t->retired_indexes.items[i]);
+    for (size_t i = 0; i < t->waiting_indexes.len; i++) index_free(t->waiting_indexes.items[i]);
+    free(t->retired_indexes.items);
+    free(t->waiting_indexes.items);
+    free(t->free_slots.items);
+    free(t->retired_slots.items);
+    free(t->waiting_slots.items);
+    storage_free(&t->storage);
+    free(t);
+}
+
+int64_t rs_table_size(rs_table* t) { return atomic_load(&t->live); }
+
+int64_t rs_table_storage_rows(rs_table* t) {
+    return (int64_t)(t->storage.base_rows + t->storage.extra_used);
+}
+
+/* ---- lookups ---- */
+
+static const float missing_row_marker;
+#define MISSING_ROW (&missing_row_marker) /* known not to be a row: the key has no row */
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* Bit q set where 64-bit lane q of a equals that of b (SSE2 has only 32-bit compares). */
+static inline unsigned equal_lanes(__m128i a, __m128i b) {
+    __m128i eq = _mm_cmpeq_epi32(a, b);
+    eq = _mm_and_si128(eq, _mm_shuffle_epi32(eq, _MM_SHUFFLE(2, 3, 0, 1)));
+    return (unsigned)_mm_movemask_pd(_mm_castsi128_pd(eq));
+}
+
+/* Bit q set where the line's key q equals `key`. Each key is written by one aligned 8-byte
+ * store and x86 keeps loads in order, so two 16-byte loads read every key whole and no later
+ * load passes them; the signal fence keeps the compiler from moving the slot's load up, which
+ * makes this an acquire load of the keys. */
+static inline unsigned line_match(const line* l, int64_t key) {
+    const __m128i* keys = (const __m128i*)(const void*)l->keys;
+    __m128i lo = _mm_load_si128(keys), hi = _mm_load_si128(keys + 1);
+    atomic_signal_fence(memory_order_acquire);
+    __m128i wanted = _mm_set1_epi64x(key);
+    return equal_lanes(lo, wanted) | equal_lanes(hi, wanted) << 2;
+}
+#else
+static inline unsigned line_match(const line* l, int64_t key) {
+    unsigned match = 0;
+    for (unsigned q = 0; q < LINE_BUCKETS; q++)
+        match |= (unsigned)(atomic_load_explicit(&l->keys[q], memory_order_acquire) == key) << q;
+    return match;
+}
+#endif
+
+/* The row of `key`: NULL for padding, MISSING_ROW for an unknown key. A key lies in the
+ * first line of its probe sequence with a match, and never beyond a line with an empty
+ * bucket (keys are never removed from an index, only their slots). */
+static inline const float* probe(const rs_table* t, const line* lines, uint64_t line_mask,
+                                 int64_t key, uint64_t home) {
+    if (key == EMPTY_KEY) return NULL;
+    for (uint64_t g = home;; g = (g + 1) & line_mask) {
+        unsigned match = line_match(&lines[g], key);
+        if (match) {
+            uint64_t slot =
+                atomic_load_explicit(&lines[g].slots[__builtin_ctz(match)], memory_order_acquire);
+            return slot == TOMBSTONE ? MISSING_ROW : storage_row(&t->storage, slot);
+        }
+        if (line_match(&lines[g], EMPTY_KEY)) return MISSING_ROW;
+    }
+}
+
+/* Every cache line of the row: one prefetch per 64 bytes, and one for its last byte. */
+static inline void prefetch_row(const float* row, size_t bytes) {
+    if (row == NULL || row == MISSING_ROW) return;
+    const char* p = (const char*)row;
+    for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset);
+    __builtin_prefetch(p + bytes - 1);
+}
+
+static inline void emit_row(const rs_table* t, int64_t key, const float* row, float* dst) {
+    const int64_t dim = t->dim;
+    if (row == NULL || (row == MISSING_ROW && t->default_kind == RS_DEFAULT_ZEROS)) {
+        memset(dst, 0, (size_t)dim * sizeof(float));
+    } else if (row == MISSING_ROW) {
+        rs_default_vector(t->stddev, t->seed, key, dim, dst);
+    } else if (dim == 16) {
+        memcpy(dst, row, 16 * sizeof(float)); /* the common case, inlined */
+    } else {
+        memcpy(dst, row, (size_t)dim * sizeof(float));
+    }
+}
+
+/* acc += the row (padding adds nothing); `scratch` receives a default row. */
+static inline void pool_row(const rs_table* t, int64_t key, const float* row, float* restrict acc,
+                            float* scratch) {
+    if (row == NULL || (row == MISSING_ROW && t->default_kind == RS_DEFAULT_ZEROS)) return;
+    if (row == MISSING_ROW) {
+        rs_default_vector(t->stddev, t->seed, key, t->dim, scratch);
+        row = scratch;
+    }
+    for (int64_t d = 0; d < t->dim; d++) acc[d] += row[d];
+}
+
+enum { EMIT, POOL, CONTAINS };
+
+/* A lookup does three passes over each group of GROUP ids: hash every id and prefetch its
+ * home line; probe every id (its line has arrived meanwhile) and prefetch its row; then
+ * copy, pool or test every id. Each pass issues its cache misses back to back, so the
+ * memory system always has as many in flight as it can take, although every row address
+ * depends on a bucket read first; a group's lines and rows (~100 KB) stay in L2 between
+ * passes. Pooling consumes ids in order, so float32 sums are in id order. */
+static inline __attribute__((always_inline)) void pipeline(
+    const rs_table* t, const rs_index* ix, const int64_t* ids, int64_t n, int mode,
+    int64_t width, float* out, uint8_t* found, float* scratch) {
+    uint64_t homes[GROUP];
+    const float* rows[GROUP];
+    const line* lines = ix->lines;
+    const uint64_t line_mask = ix->mask / LINE_BUCKETS;
+    const int64_t dim = t->dim;
+    const size_t bytes = (size_t)dim * sizeof(float);
+    int64_t sample = 0, position = 0; /* of id k in [rows, width], for POOL */
+    for (int64_t c = 0; c < n; c += GROUP) {
+        const int64_t m = n - c < GROUP ? n - c : GROUP;
+        const int64_t* group = ids + c;
+        for (int64_t i = 0; i < m; i++) {
+            uint64_t h = home_line(hash_key(group[i]), ix->mask);
+            homes[i] = h;
+            __builtin_prefetch(&lines[h]);
+        }
+        for (int64_t i = 0; i < m; i++) {
+            const float* row = probe(t, lines, line_mask, group[i], homes[i]);
+            rows[i] = row;
+            if (mode != CONTAINS) prefetch_row(row, bytes);
+        }
+        for (int64_t i = 0; i < m; i++) {
+            const int64_t k = c + i;
+            if (mode == EMIT) {
+                emit_row(t, ids[k], rows[i], out + k * dim);
+            } else if (mode == POOL) {
+                pool_row(t, ids[k], rows[i], out + sample * dim, scratch);
+                if (++position == width) {
+                    position = 0;
+                    sample++;
+                }
+            } else {
+                found[k] = rows[i] != NULL && rows[i] != MISSING_ROW;
+            }
+        }
+    }
+}
+
+static void scale_pooled(const int64_t* ids, int64_t n_rows, int64_t width, int64_t dim,
+                         int64_t combiner, float* out) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t count = 0;
+        for (int64_t l = 0; l < width; l++) count += ids[r * width + l] != EMPTY_KEY;
+        if (count == 0) continue;
+        float divisor = combiner == RS_COMBINER_MEAN ? (float)count : sqrtf((float)count);
+        for (int64_t d = 0; d < dim; d++) out[r * dim + d] /= divisor;
+    }
+}
+
+static int run_task(const rs_lookup_task* task) {
+    rs_table* t = task->table;
+    const int64_t combiner = task->combiner, width = task->width, n_rows = task->rows;
+    if (combiner < RS_COMBINER_NONE || combiner > RS_COMBINER_SQRTN || n_rows < 0 || width < 0)
+        return RS_EINVAL;
+    const int64_t n = n_rows * width, dim = t->dim;
+    float* scratch = NULL;
+    if (combiner != RS_COMBINER_NONE) {
+        memset(task->out, 0, (size_t)(n_rows * dim) * sizeof(float));
+        if (t->default_kind == RS_DEFAULT_NORMAL && n > 0) {
+            scratch = malloc((size_t)dim * sizeof(float));
+            if (!scratch) return RS_ENOMEM;
+        }
+    }
+    uint64_t g = reader_enter(t);
+    const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
+    if (combiner == RS_COMBINER_NONE)
+        pipeline(t, ix, task->ids, n, EMIT, width, task->out, NULL, NULL);
+    else
+        pipeline(t, ix, task->ids, n, POOL, width, task->out, NULL, scratch);
+    reader_exit(t, g);
+    free(scratch);
+    if (combiner == RS_COMBINER_MEAN || combiner == RS_COMBINER_SQRTN)
+        scale_pooled(task->ids, n_rows, width, dim, combiner, task->out);
+    return RS_OK;
+}
+
+int rs_lookup(const rs_lookup_task* tasks, int64_t n_tasks) {
+    for (int64_t i = 0; i < n_tasks; i++) {
+        int status = run_task(&tasks[i]);
+        if (status != RS_OK) return status;
+    }
+    return RS_OK;
+}
+
+int rs_table_lookup(rs_table* t, const int64_t* ids, int64_t rows, int64_t width, int64_t combiner,
+                    float* out) {
+    rs_lookup_task task = {t, ids, out, rows, width, combiner};
+    return run_task(&task);
+}
+
+int rs_table_contains(rs_table* t, const int64_t* keys, int64_t n, uint8_t* out) {
+    uint64_t g = reader_enter(t);
+    const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
+    pipeline(t, ix, keys, n, CONTAINS, 1, NULL, out, NULL);
+    reader_exit(t, g);
+    return RS_OK;
+}
+
+int64_t rs_table_snapshot(rs_table* t, int64_t* keys, float* values, int64_t capacity) {
+    uint64_t g = reader_enter(t);
+    const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
+    const size_t bytes = (size_t)t->dim * sizeof(float);
+    int64_t count = 0;
+    for (uint64_t i = 0; i <= ix->mask; i++) {
+        bucket b = bucket_at(ix, i);
+        int64_t k = atomic_load_explicit(b.key, memory_order_acquire);
+        if (k == EMPTY_KEY) continue;
+        uint64_t slot = atomic_load_explicit(b.slot, memory_order_acquire);
+        if (slot == TOMBSTONE) continue;
+        if (count < capacity) {
+            keys[count] = k;
+            memcpy(values + count * t->dim, storage_row(&t->storage, slot), bytes);
+        }
+        count++;
+    }
+    reader_exit(t, g);
+    return count;
+}
+
+int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, int64_t* out) {
+    int status = RS_OK;
+    uint64_t g = reader_enter(t);
+    const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
+    for (int64_t i = 0; i < n && status == RS_OK; i++) {
+        status = RS_EEMPTY;
+        for (uint64_t j = 0, p = positions[i] & ix->mask; j <= ix->mask; j++, p = (p + 1) & ix->mask) {
+            bucket b = bucket_at(ix, p);
+            int64_t k = atomic_load_explicit(b.key, memory_order_acquire);
+            if (k != EMPTY_KEY && atomic_load_explicit(b.slot, memory_order_acquire) != TOMBSTONE) {
+                out[i] = k;
+                status = RS_OK;
+                break;
+            }
+        }
+    }
+    reader_exit(t, g);
+    return status;
+}
+
+/* ---- the writer ---- */
+
+/* Rebuilds the index with room to spare; readers keep the old one until they are done. */
+static int rebuild_index(rs_table* t) {
+    rs_index* old = atomic_load_explicit(&t->index, memory_order_relaxed);
+    int64_t live = atomic_load_explicit(&t->live, memory_order_relaxed);
+    rs_index* ix = index_new(index_capacity(2 * (live + 1)));
+    if (!ix) return RS_ENOMEM;
+    for (uint64_t i = 0; i <= old->mask; i++) {
+        bucket from = bucket_at(old, i);
+        int64_t k = atomic_load_explicit(from.key, memory_order_relaxed);
+        uint64_t slot = atomic_load_explicit(from.slot, memory_order_relaxed);
+        if (k == EMPTY_KEY || slot == TOMBSTONE) continue;
+        bucket b = index_find(ix, k, hash_key(k));
+        atomic_store_explicit(b.slot, slot, memory_order_relaxed);
+        atomic_store_explicit(b.key, k, memory_order_relaxed);
+        ix->used++;
+    }
+    if (index_push(&t->retired_indexes, old)) {
+        index_free(ix);
+        return RS_ENOMEM;
+    }
+    atomic_store_explicit(&t->index, ix, memory_order_release);
+    return RS_OK;
+}
+
+static int upsert_one(rs_table* t, int64_t key, const float* row) {
+    rs_index* ix = atomic_load_explicit(&t->index, memory_order_relaxed);
+    uint64_t h = hash_key(key);
+    bucket b = index_find(ix, key, h);
+    bool is_new = atomic_load_explicit(b.key, memory_order_relaxed) != key;
+    if (is_new && ix->used + 1 > index_max_used(ix)) {
+        if (rebuild_index(t)) return RS_ENOMEM;
+        ix = atomic_load_explicit(&t->index, memory_order_relaxed);
+        b = index_find(ix, key, h);
+    }
+    uint64_t slot;
+    if (t->free_slots.len) {
+        slot = t->free_slots.items[--t->free_slots.len];
+    } else if (storage_append(&t->storage, &slot)) {
+        return RS_ENOMEM;
+    }
+    memcpy(storage_row(&t->storage, slot), row, (size_t)t->dim * sizeof(float));
+    if (is_new) {
+        atomic_store_explicit(b.slot, slot, memory_order_relaxed);
+        atomic_store_explicit(b.key, key, memory_order_release);
+        ix->used++;
+        atomic_fetch_add(&t->live, 1);
+        return RS_OK;
+    }
+    uint64_t old = atomic_load_explicit(b.slot, memory_order_relaxed);
+    atomic_store_explicit(b.slot, slot, memory_order_release);
+    if (old == TOMBSTONE) {
+        atomic_fetch_add(&t->live, 1);
+        return RS_OK;
+    }
+    return slot_push(&t->retired_slots, old);
+}
+
+int rs_table_upsert(rs_table* t, const int64_t* keys, const float* values, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (keys[i] == EMPTY_KEY) return RS_EINVAL;
+    int status = reclaim(t);
+    for (int64_t i = 0; i < n && status == RS_OK; i++) {
+        status = upsert_one(t, keys[i], values + i * t->dim);
+    }
+    int after = reclaim(t);
+    return status != RS_OK ? status : after;
+}
+
+int rs_table_delete(rs_table* t, const int64_t* keys, int64_t n) {
+    int status = reclaim(t);
+    rs_index* ix = atomic_load_explicit(&t->index, memory_order_relaxed);
+    for (int64_t i = 0; i < n && status == RS_OK; i++) {
+        if (keys[i] == EMPTY_KEY) continue;
+        bucket b = index_find(ix, keys[i], hash_key(keys[i]));
+        if (atomic_load_explicit(b.key, memory_order_relaxed) != keys[i]) continue;
+        uint64_t old = atomic_load_explicit(b.slot, memory_order_relaxed);
+        if (old == TOMBSTONE) continue;
+        atomic_store_explicit(b.slot, TOMBSTONE, memory_order_release);
+        atomic_fetch_sub(&t->live, 1);
+        status = slot_push(&t->retired_slots, old);
+    }
+    int after = reclaim(t);
+    return status != RS_OK ? status : after;
+}

@@ -1,0 +1,187 @@
+"""The pure-Python (numpy) twin of the native engine: the same API and the same bits, written
+for clarity rather than speed. It is the executable specification the test suite runs the
+native engine against, and the fallback where the C library cannot be built
+(``RECSERVE_PURE_PYTHON=1``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from recserve.embedding import _inputs
+from recserve.embedding._purekeys import default_rows, string_key
+from recserve.model_spec import COMBINERS, DefaultSpec
+
+_MISSING = -1
+
+
+class EmbeddingTable:
+    """int64 key -> float32 row of `dim`, with a default for unknown keys.
+
+    Thread-safety: lookup, contains, snapshot and sample_keys may run from any number of
+    threads concurrently with upsert/delete (writers serialise on an internal lock). A key's
+    row is written to a fresh slot before the key is pointed at it, and slots are never
+    reused, so a reader sees each row entirely old or entirely new.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        dim: int,
+        keys: np.ndarray,
+        values: np.ndarray,
+        *,
+        default: DefaultSpec = _inputs.ZEROS,
+        freqs: np.ndarray | None = None,
+        versions: np.ndarray | None = None,
+    ) -> None:
+        self._name = name
+        where = f"table {name!r}"
+        self._dim = _inputs.check_dim(where, dim)
+        self._default = _inputs.check_default(where, default)
+        keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=True)
+        _inputs.check_column(where, "freqs", freqs, len(keys))
+        _inputs.check_column(where, "versions", versions, len(keys))
+        duplicate = _inputs.duplicate_key(keys)
+        if duplicate is not None:
+            raise ValueError(f"table {name!r}: key {duplicate} occurs more than once in keys")
+        self._base = values  # slots [0, N): the adopted values
+        self._extra = np.empty((0, self._dim), dtype=np.float32)  # slots N.. (grows by copy)
+        self._extra_used = 0
+        self._slots: dict[int, int] = dict(zip(keys.tolist(), range(len(keys))))
+        self._writer = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def default(self) -> DefaultSpec:
+        return self._default
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def _resolve(self, keys: np.ndarray) -> np.ndarray:
+        get = self._slots.get
+        return np.fromiter(
+            (get(k, _MISSING) for k in keys.tolist()), dtype=np.int64, count=keys.size
+        )
+
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        """[n, dim]: the row of each key, zeros for padding, the default for unknown keys."""
+        slots = self._resolve(keys)
+        # Read the storage only after resolving: any slot seen is already in it.
+        base, extra = self._base, self._extra
+        rows = np.zeros((keys.size, self._dim), dtype=np.float32)
+        in_base = (slots >= 0) & (slots < len(base))
+        in_extra = slots >= len(base)
+        rows[in_base] = base[slots[in_base]]
+        rows[in_extra] = extra[slots[in_extra] - len(base)]
+        unknown = (slots == _MISSING) & (keys != _inputs.PADDING)
+        if self._default.kind == "normal" and unknown.any():
+            rows[unknown] = default_vectors(self._default, keys[unknown], self._dim)
+        return rows
+
+    def lookup(
+        self, ids: np.ndarray, combiner: str = "none", out: np.ndarray | None = None
+    ) -> np.ndarray:
+        code = _inputs.combiner_code(combiner)
+        ids = _inputs.check_ids(self._name, ids)
+        shape = _inputs.output_shape(ids.shape, self._dim, code)
+        out = (
+            np.empty(shape, np.float32)
+            if out is None
+            else _inputs.check_out(self._name, out, shape)
+        )
+        rows = self._rows(ids.reshape(-1))
+        if code == _inputs.NONE:
+            out[...] = rows.reshape(shape)
+            return out
+        grid = ids if ids.ndim == 2 else ids[:, None]
+        rows = rows.reshape(*grid.shape, self._dim)
+        pooled = np.zeros((len(grid), self._dim), dtype=np.float32)
+        for position in range(grid.shape[1]):  # in id order: float32 sums are order-sensitive
+            pooled += rows[:, position]  # padding rows are +0.0, which adds nothing
+        counts = (grid != _inputs.PADDING).sum(axis=1).astype(np.float32)
+        some = counts > 0
+        if COMBINERS[code] == "mean":
+            pooled[some] /= counts[some, None]
+        elif COMBINERS[code] == "sqrtn":
+            pooled[some] /= np.sqrt(counts[some])[:, None]
+        out[...] = pooled
+        return out
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        keys = _inputs.check_keys(f"table {self._name!r}", keys)
+        found: np.ndarray = self._resolve(keys.reshape(-1)) != _MISSING
+        return found.reshape(keys.shape)
+
+    def sample_keys(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        keys = np.array(list(self._slots), dtype=np.int64)
+        if n > 0 and len(keys) == 0:
+            raise ValueError(f"table {self._name!r} has no rows to sample keys from")
+        return rng.choice(keys, size=n) if n > 0 else np.empty(0, dtype=np.int64)
+
+    def upsert(self, keys: np.ndarray, values: np.ndarray) -> None:
+        keys, values = _inputs.check_rows(f"table {self._name!r}", self._dim, keys, values)
+        with self._writer:
+            start, need = self._extra_used, self._extra_used + len(keys)
+            if need > len(self._extra):
+                grown = np.empty((max(need, 2 * len(self._extra), 1024), self._dim), np.float32)
+                grown[:start] = self._extra[:start]
+                self._extra = grown  # published before any key points into it
+            self._extra[start:need] = values
+            self._extra_used = need
+            first = len(self._base) + start
+            self._slots.update(zip(keys.tolist(), range(first, first + len(keys))))
+
+    def delete(self, keys: np.ndarray) -> None:
+        keys = _inputs.check_keys(f"table {self._name!r}", keys)
+        with self._writer:
+            for key in keys.reshape(-1).tolist():
+                self._slots.pop(key, None)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.array(list(self._slots), dtype=np.int64)
+        return keys, self._rows(keys)
+
+
+class LookupPlan:
+    """Looks up all embedding bindings of a request; see the native LookupPlan.
+
+    Thread-safety: immutable; run() may be called from any number of threads.
+    """
+
+    def __init__(self, bindings: Sequence[tuple[EmbeddingTable, str]]) -> None:
+        self._bindings = _inputs.plan_bindings(bindings, EmbeddingTable)
+
+    def run(
+        self, ids_list: Sequence[np.ndarray], outs: Sequence[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        _inputs.check_count(ids_list, outs, len(self._bindings))
+        return [
+            table.lookup(ids, combiner, None if outs is None else outs[i])
+            for i, ((table, combiner), ids) in enumerate(zip(self._bindings, ids_list))
+        ]
+
+
+def string_keys(values: Sequence[bytes | str] | np.ndarray) -> np.ndarray:
+    data, starts, lengths, shape = _inputs.flatten_strings(values)
+    keys = [string_key(data[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
+    return np.array(keys, dtype=np.int64).reshape(shape)
+
+
+def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:
+    spec = _inputs.check_default("default_vectors", spec)
+    dim = _inputs.check_dim("default_vectors", dim)
+    keys = _inputs.check_keys("default_vectors", keys).reshape(-1)
+    if spec.kind == "zeros":
+        return np.zeros((len(keys), dim), dtype=np.float32)
+    return default_rows(spec.stddev, _inputs.seed_u64(spec), keys, dim)
