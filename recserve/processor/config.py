@@ -316,11 +316,31 @@ class ProcessorConfig:
         "by default, as spinning burns the cores other sessions need.",
         origin="recserve",
     )
+    ort_global_thread_pools: bool = _field(
+        False, kinds.boolean(), "honoured",
+        "With use_per_session_threads false, share ONNX Runtime's process-wide pools; once "
+        "they exist ONNX Runtime refuses any session with its own pools in the process, so "
+        "without this every session keeps its own pools.",
+        origin="recserve",
+    )
     prepack_weights: bool = _field(
         False, kinds.boolean(), "honoured",
         "Let every session keep its own prepacked copy of MatMul/Gemm weights (faster for wide "
         "layers, but memory then grows with session_num).",
         origin="recserve",
+    )
+
+    max_request_bytes: int = _field(
+        64 * 1024 * 1024, kinds.integer(1), "honoured",
+        "Server: the largest HTTP body or gRPC message accepted (413 / RESOURCE_EXHAUSTED "
+        "beyond); with several models the largest value applies; env RECSERVE_MAX_REQUEST_BYTES wins.",
+        origin="recserve",
+    )
+    admin_token: Secret | None = _field(
+        None, kinds.secret(), "honoured",
+        "Server: bearer token the admin routes (load/pin a version) require; unset = admin "
+        "routes open; env RECSERVE_ADMIN_TOKEN wins.",
+        origin="recserve", secret=True,
     )
 
     def __post_init__(self) -> None:

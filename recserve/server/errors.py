@@ -1,0 +1,38 @@
+"""The server's own errors, and how every error becomes an HTTP status or a gRPC code.
+
+Processor errors keep their status (400, 503, 500); the server adds unknown model (404),
+request too large (413) and admin authentication (401). Stateless, thread-safe.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from recserve.errors import RecserveError
+
+__all__ = ["GRPC_CODES", "AdminAuthError", "RequestTooLargeError", "UnknownModelError", "grpc_code"]
+
+
+class UnknownModelError(RecserveError):
+    status = 404
+
+
+class RequestTooLargeError(RecserveError):
+    status = 413
+
+
+class AdminAuthError(RecserveError):
+    status = 401
+
+
+GRPC_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    return GRPC_CODES.get(status, grpc.StatusCode.INTERNAL)

@@ -1,0 +1,192 @@
+"""The gRPC server: tensorflow.eas PredictionService, KServe v2
+inference.GRPCInferenceService, and grpc.health.v1.
+
+Predict takes and returns raw bytes (no protobuf round trip in Python: the bytes go to
+`Processor.process` as the C ABI's do). ModelInfer decodes raw or typed input contents
+and answers raw output contents. Health's Check answers SERVING when the server (service
+"" or one of the two service names) or the named model is ready. Handlers run on the
+server's thread pool. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent import futures
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from recserve import __version__
+from recserve.errors import RecserveError, RequestError
+from recserve.processor.processor import Processor
+from recserve.processor.trace import RequestTrace
+from recserve.proto import grpc_predict_v2_pb2 as v2
+from recserve.proto import grpc_predict_v2_pb2_grpc as v2_grpc
+from recserve.server import kserve
+from recserve.server.context import ServerContext, check_version
+from recserve.server.dispatch import Outcome
+from recserve.server.errors import grpc_code
+from recserve.server.registry import ModelEntry
+
+__all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "build_grpc_server"]
+
+EAS_SERVICE = "tensorflow.eas.PredictionService"
+KSERVE_SERVICE = "inference.GRPCInferenceService"
+MODEL_METADATA_KEY = "model"
+
+
+def _abort(context: grpc.ServicerContext, status: int, message: Any) -> NoReturn:
+    context.abort(grpc_code(status), str(message))
+    raise AssertionError("grpc.ServicerContext.abort returned")  # it always raises
+
+
+def _metadata_model(context: grpc.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key == MODEL_METADATA_KEY:
+            return str(value)
+    return None
+
+
+class EasPredictionService:
+    """tensorflow.eas.PredictionService over raw bytes."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self._ctx = ctx
+
+    def _find(self, context: grpc.ServicerContext) -> ModelEntry:
+        name = _metadata_model(context)
+        models = self._ctx.models
+        if name is not None:
+            return models.get(name)
+        if len(models.entries) == 1:
+            return next(iter(models.entries.values()))
+        raise RequestError(
+            f"this server serves several models {models.names()}: name one in the call's "
+            f"metadata key {MODEL_METADATA_KEY!r}")
+
+    def predict(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+            if not request:  # an empty PredictRequest: process() would answer the signature JSON
+                raise RequestError("PredictRequest has no inputs; the signature is: "
+                                   + json.dumps(processor.signature_info()))
+            return processor.process(request, trace=trace)
+
+        status, result = self._ctx.dispatcher.call("eas_grpc", lambda: self._find(context), handle)
+        if status != 200:
+            _abort(context, status, result)
+        return bytes(result)
+
+    def model_info(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            entry = self._find(context)
+            with entry.lease() as processor:
+                return processor.model_info_bytes()
+        except RecserveError as exc:
+            _abort(context, exc.status, exc.message)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(EAS_SERVICE, {
+            "Predict": grpc.unary_unary_rpc_method_handler(self.predict),
+            "GetServingModelInfo": grpc.unary_unary_rpc_method_handler(self.model_info),
+        })
+
+
+class KServeService(v2_grpc.GRPCInferenceServiceServicer):
+    """inference.GRPCInferenceService (KServe v2)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self._ctx = ctx
+
+    def ServerLive(self, request: v2.ServerLiveRequest, context: grpc.ServicerContext) -> v2.ServerLiveResponse:
+        return v2.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request: v2.ServerReadyRequest, context: grpc.ServicerContext) -> v2.ServerReadyResponse:
+        return v2.ServerReadyResponse(ready=self._ctx.models.ready)
+
+    def _entry(self, name: str, context: grpc.ServicerContext) -> ModelEntry:
+        entry = self._ctx.models.entries.get(name)
+        if entry is None:
+            _abort(context, 404, f"unknown model {name!r}; this server serves {self._ctx.models.names()}")
+        return entry
+
+    def ModelReady(self, request: v2.ModelReadyRequest, context: grpc.ServicerContext) -> v2.ModelReadyResponse:
+        entry = self._entry(request.name, context)
+        processor = entry.processor
+        ready = entry.ready and processor is not None and (
+            not request.version or str(processor.model_info().get("version")) == request.version)
+        return v2.ModelReadyResponse(ready=ready)
+
+    def ServerMetadata(
+        self, request: v2.ServerMetadataRequest, context: grpc.ServicerContext
+    ) -> v2.ServerMetadataResponse:
+        return v2.ServerMetadataResponse(name="recserve", version=__version__, extensions=[])
+
+    def ModelMetadata(
+        self, request: v2.ModelMetadataRequest, context: grpc.ServicerContext
+    ) -> v2.ModelMetadataResponse:
+        entry = self._entry(request.name, context)
+        try:
+            with entry.lease() as processor:
+                check_version(entry, processor, request.version)
+                sig = processor.signature_info()
+                version = str(processor.model_info()["version"])
+        except RecserveError as exc:
+            _abort(context, exc.status, exc.message)
+        response = v2.ModelMetadataResponse(name=entry.name, versions=[version], platform="onnxruntime_onnx")
+        for tensors, target in ((sig["inputs"], response.inputs), (sig["outputs"], response.outputs)):
+            for t in kserve.tensor_metadata(tensors):
+                target.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        return response
+
+    def ModelInfer(self, request: v2.ModelInferRequest, context: grpc.ServicerContext) -> v2.ModelInferResponse:
+        def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+            check_version(entry, processor, request.model_version)
+            with trace.span("decode"):
+                call = kserve.decode_grpc_request(request)
+            outputs = processor.predict(call.inputs, call.outputs, signature_name=call.signature_name, trace=trace)
+            with trace.span("encode"):
+                return 200, kserve.encode_grpc_response(entry.name, trace.model_version, call, outputs)
+
+        status, result = self._ctx.dispatcher.call(
+            "kserve_grpc", lambda: self._ctx.models.get(request.model_name), handle)
+        if status != 200:
+            _abort(context, status, result)
+        return result  # type: ignore[no-any-return]
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 Check, computed at each call (Watch: UNIMPLEMENTED)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self._ctx = ctx
+
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
+        models = self._ctx.models
+        if request.service in ("", EAS_SERVICE, KSERVE_SERVICE):
+            ready = models.ready
+        elif request.service in models.entries:
+            ready = models.entries[request.service].ready and not models.draining
+        else:
+            _abort(context, 404, f"unknown service {request.service!r}")
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int) -> grpc.Server:
+    """A started-later gRPC server bound to host:port (RuntimeError if the port is taken)."""
+    limit = ctx.settings.max_request_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recserve-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),  # a taken port is an error, not a shared one
+        ],
+    )
+    server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(),))
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(ctx), server)  # type: ignore[no-untyped-call]
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(ctx), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    server.add_insecure_port(address)
+    return server

@@ -1,0 +1,117 @@
+"""Prometheus metrics at ``/metrics``.
+
+Per request (recorded by the dispatcher): requests and errors by model, route and code;
+latency by route, and by stage (decode / lookup / run / encode); batch sizes. Read at
+scrape time from the models (`ModelCollector`): readiness, the serving version and step,
+processor loads, updates and update failures, and embedding-table sizes and hit rates
+when model_info() reports them under "tables" ({table: {rows, lookups, hits}}). Thread-safe (prometheus_client's metrics are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from recserve.processor.trace import STAGES, RequestTrace
+from recserve.server.registry import ModelRegistry
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = tuple(float(1 << i) for i in range(13))  # 1 .. 4096
+
+
+class ServerMetrics:
+    """The server's metric registry. Thread-safe."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("recserve_requests", "Requests answered, by model, route and status code.",
+                                ["model", "route", "code"], registry=self.registry)
+        self.errors = Counter("recserve_request_errors", "Requests answered with a status other than 200.",
+                              ["model", "route", "code"], registry=self.registry)
+        self.latency = Histogram("recserve_request_seconds", "Time from request received to response ready.",
+                                 ["model", "route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.stage = Histogram("recserve_stage_seconds",
+                               "Time per request in each stage: decode, lookup, run, encode.",
+                               ["model", "stage"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.batch = Histogram("recserve_batch_size", "Rows (samples) per request.", ["model"],
+                               buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
+                                 ["model", "result"], registry=self.registry)
+        self.registry.register(ModelCollector(models))
+
+    def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace) -> None:
+        code = str(status)
+        self.requests.labels(model, route, code).inc()
+        self.latency.labels(model, route).observe(seconds)
+        if status != 200:
+            self.errors.labels(model, route, code).inc()
+            return
+        for stage in STAGES:
+            spent = trace.seconds(stage)
+            if spent:
+                self.stage.labels(model, stage).observe(spent)
+        if trace.batch_size:
+            self.batch.labels(model).observe(trace.batch_size)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ModelCollector(Collector):
+    """Model state, read from the registry at each scrape."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        ready = GaugeMetricFamily("recserve_model_ready", "1 when the model is loaded and warmed up.",
+                                  labels=["model"])
+        version = GaugeMetricFamily("recserve_serving_version",
+                                    "1 for the version each model serves (label version).",
+                                    labels=["model", "version"])
+        step = GaugeMetricFamily("recserve_serving_global_step",
+                                 "global_step of the version being served.", labels=["model"])
+        loads = CounterMetricFamily("recserve_model_loads", "Processor loads (startup, pins) by result.",
+                                    labels=["model", "result"])
+        updates = CounterMetricFamily("recserve_model_updates",
+                                      "Updates applied by the model's updater, by kind (full, delta).",
+                                      labels=["model", "kind"])
+        failures = CounterMetricFamily("recserve_model_update_failures",
+                                       "Update problems by reason (storage, not_ready, corrupt, wrong_base, "
+                                       "load, internal); the old version kept serving.",
+                                       labels=["model", "reason"])
+        rows = GaugeMetricFamily("recserve_embedding_rows", "Rows in each embedding table.",
+                                 labels=["model", "table"])
+        hit_rate = GaugeMetricFamily("recserve_embedding_hit_rate",
+                                     "Fraction of looked-up ids found in the table (others get the default).",
+                                     labels=["model", "table"])
+        for name, entry in self._models.entries.items():
+            ready.add_metric([name], 1.0 if entry.ready else 0.0)
+            loads.add_metric([name, "ok"], entry.load_counts["ok"])
+            loads.add_metric([name, "error"], entry.load_counts["error"])
+            processor = entry.processor
+            if processor is None:
+                continue
+            info: dict[str, Any] = processor.model_info()
+            if info.get("version") is not None:
+                version.add_metric([name, str(info["version"])], 1.0)
+            if info.get("global_step") is not None:
+                step.add_metric([name], float(info["global_step"]))
+            updates.add_metric([name, "full"], float(info.get("full_updates", 0)))
+            updates.add_metric([name, "delta"], float(info.get("delta_updates", 0)))
+            for reason, count in info.get("update_failures", {}).items():
+                failures.add_metric([name, reason], float(count))
+            for table, stats in info.get("tables", {}).items():
+                rows.add_metric([name, table], float(stats["rows"]))
+                if stats.get("lookups"):
+                    hit_rate.add_metric([name, table], stats["hits"] / stats["lookups"])
+        yield from (ready, version, step, loads, updates, failures, rows, hit_rate)

@@ -1,0 +1,162 @@
+"""The models one server serves: a `Processor` per configured model, loaded off the
+request path and leased by requests.
+
+Each model's processor sits in a `ServableManager`, so closing it at shutdown never
+pulls it from under a running request: it closes when its last lease ends. Version
+changes (updates, admin pins) happen inside the processor. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from recserve.errors import ModelNotReadyError, RecserveError
+from recserve.processor.config import ProcessorConfig
+from recserve.processor.manager import ServableManager
+from recserve.processor.processor import Processor
+from recserve.server.errors import UnknownModelError
+from recserve.server.timeline import TimelineSelector
+
+__all__ = ["ModelEntry", "ModelRegistry"]
+
+log = logging.getLogger("recserve.server")
+
+LoadState = Literal["loading", "loaded", "failed"]
+
+
+class ModelEntry:
+    """One configured model. Thread-safe; `_swap_lock` serializes load and close."""
+
+    def __init__(self, name: str, config: ProcessorConfig) -> None:
+        self.name = name
+        self.config = config
+        self.state: LoadState = "loading"
+        self.last_error: str | None = None
+        self.timeline = TimelineSelector.from_config(config)
+        self.load_counts = {"ok": 0, "error": 0}
+        self._manager: ServableManager[Processor] = ServableManager(name)
+        self._swap_lock = threading.Lock()
+
+    @property
+    def processor(self) -> Processor | None:
+        """The processor answering new requests (no lease: for reporting only)."""
+        return self._manager.current
+
+    @property
+    def ready(self) -> bool:
+        processor = self._manager.current
+        return processor is not None and processor.ready
+
+    @contextmanager
+    def lease(self) -> Iterator[Processor]:
+        if self._manager.current is None:
+            if self.state == "failed":
+                raise ModelNotReadyError(f"model {self.name!r} is not loaded: {self.last_error}")
+            raise ModelNotReadyError(f"model {self.name!r} is still loading")
+        with self._manager.acquire() as processor:
+            yield processor
+
+    def load(self) -> Processor:
+        """Build the model's processor and serve it; raises RecserveError on failure."""
+        with self._swap_lock:
+            try:
+                processor = Processor(self.config, model_name=self.name)
+            except RecserveError as exc:
+                self.load_counts["error"] += 1
+                self.last_error = exc.message
+                self.state = "failed"
+                raise
+            self.load_counts["ok"] += 1
+            self.state = "loaded"
+            self.last_error = None
+            self._manager.swap(processor)
+            return processor
+
+    def pin(self, version: str | None) -> dict[str, Any]:
+        """Serve full version `version` (a directory under checkpoint_dir) and its deltas
+        from now on; None: the newest again. Returns the model info; on failure the
+        serving version is unchanged and the error is raised."""
+        with self.lease() as processor:
+            return processor.load_version(version)
+
+    def close(self) -> None:
+        with self._swap_lock:
+            self._manager.swap(None)
+
+
+class ModelRegistry:
+    """Every model of the config, by name, in config order. Thread-safe."""
+
+    def __init__(self, models: Sequence[tuple[str, ProcessorConfig]]) -> None:
+        self.entries = {name: ModelEntry(name, config) for name, config in models}
+        self._closing = threading.Event()
+        self._loaders: list[threading.Thread] = []
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def get(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise UnknownModelError(f"unknown model {name!r}; this server serves {self.names()}")
+        return entry
+
+    def for_service(self, service: str) -> ModelEntry:
+        """The model an EAS ``/api/predict/{service}`` call means: the model of that name,
+        else the only model (EAS service names are the deployment's, not the model's)."""
+        entry = self.entries.get(service)
+        if entry is not None:
+            return entry
+        if len(self.entries) == 1:
+            return next(iter(self.entries.values()))
+        raise UnknownModelError(
+            f"service {service!r} names no model; this server serves {self.names()}: "
+            "call /api/predict/{service}/{model}"
+        )
+
+    @property
+    def ready(self) -> bool:
+        return not self._closing.is_set() and all(e.ready for e in self.entries.values())
+
+    def start(self) -> None:
+        """Load every model on its own thread; a model that fails is retried every
+        model_update_interval_seconds until it loads or the registry closes."""
+        for entry in self.entries.values():
+            thread = threading.Thread(target=self._load_until_done, args=(entry,),
+                                      name=f"recserve-load-{entry.name}", daemon=True)
+            thread.start()
+            self._loaders.append(thread)
+
+    def _load_until_done(self, entry: ModelEntry) -> None:
+        while not self._closing.is_set():
+            try:
+                entry.load()
+                log.info("model %r loaded", entry.name)
+                return
+            except RecserveError as exc:
+                log.error("model %r failed to load (retrying in %.0f s): %s",
+                          entry.name, entry.config.model_update_interval_seconds, exc.message)
+            except Exception:  # a bug must not kill the loader silently
+                log.exception("model %r failed to load", entry.name)
+                entry.state = "failed"
+                entry.last_error = "internal error while loading; see the server log"
+            self._closing.wait(entry.config.model_update_interval_seconds)
+
+    def start_draining(self) -> None:
+        """Shutdown began: report not ready from now on."""
+        self._closing.set()
+
+    @property
+    def draining(self) -> bool:
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        self._closing.set()
+        for thread in self._loaders:
+            thread.join(timeout=5.0)  # a load in progress finishes on its own (daemon)
+        for entry in self.entries.values():
+            entry.close()

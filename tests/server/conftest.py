@@ -1,0 +1,120 @@
+"""Fixtures for the server tests: the demo model and `recserve serve` running as a real
+subprocess on free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from recserve import Processor
+from recserve.export.demo import DemoModel, write_demo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self.process.wait(timeout)
+
+
+def start_server(config_path: Path, log_dir: Path, *, env: dict[str, str] | None = None,
+                 wait_ready: bool = True) -> RunningServer:
+    http_port, grpc_port = free_port(), free_port()
+    log_path = log_dir / f"server-{http_port}.log"
+    full_env = {**os.environ, **(env or {})}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "recserve.server.cli", "serve", "--config", str(config_path),
+             "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+        )
+    server = RunningServer(process, http_port, grpc_port, log_path)
+    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"server exited with {process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + path, timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    server.stop(signal.SIGKILL)
+    pytest.fail(f"server not {'ready' if wait_ready else 'live'} within 60 s:\n{server.log()}")
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoModel:
+    return write_demo(tmp_path_factory.mktemp("server-demo"))
+
+
+@pytest.fixture(scope="session")
+def demo_processor(demo: DemoModel) -> Iterator[Processor]:
+    """The same model in-process: the reference every route's answer is compared to."""
+    processor = Processor(json.loads(demo.config_path.read_text()))
+    yield processor
+    processor.close()
+
+
+@pytest.fixture(scope="session")
+def server(demo: DemoModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the demo model, shared by the read-only route tests."""
+    running = start_server(demo.config_path, tmp_path_factory.mktemp("server-logs"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
+    """Start servers for one test (a config of its own); all are stopped afterwards."""
+    started: list[RunningServer] = []
+
+    def run(config: dict[str, Any], **kwargs: Any) -> RunningServer:
+        path = tmp_path / f"config-{len(started)}.json"
+        path.write_text(json.dumps(config))
+        running = start_server(path, tmp_path, **kwargs)
+        started.append(running)
+        return running
+
+    yield run
+    for running in started:
+        running.stop(signal.SIGKILL)
+
