@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -16,17 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from recserve.errors import InternalError, RecserveError
-from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
+from recserve.errors import ConfigError, InternalError, RecserveError
+from recserve.model_store.backends import copy_to_local, storage_for
+from recserve.model_store.backoff import Backoff
+from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.manifest import Manifest
 from recserve.model_store.model_dir import load_model_dir
 from recserve.model_store.storage import LocalStorage
-from recserve.model_store.versions import VersionRef, newest_complete_version
+from recserve.model_store.updater import ModelUpdater
+from recserve.model_store.versions import VersionRef
+from recserve.model_store.watcher import VersionWatcher
 from recserve.processor import codec
 from recserve.processor.config import ProcessorConfig, parse_config
 from recserve.processor.manager import ServableManager
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
+from recserve.warmup import Warmup
 
 __all__ = ["Processor"]
 
@@ -40,27 +46,62 @@ class Processor:
         self.config = config if isinstance(config, ProcessorConfig) else parse_config(config)
         self.model_name = model_name
         self._manager: ServableManager[Servable] = ServableManager(model_name)
-        self._storage = LocalStorage()
+        self._storage = storage_for(self.config)
         self._last_error: str | None = None
         self._state_lock = threading.Lock()
         self._closed = False
-        self._model = load_model_dir(self._storage, self.config.savedmodel_dir)
-        self._manager.swap(self._load_newest())
+        self._model_copy: str | None = None
+        self._updater: ModelUpdater | None = None
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
 
     # -- loading -------------------------------------------------------------------------
 
-    def _load_newest(self) -> Servable:
+    def _start(self) -> None:
+        model_dir = self.config.savedmodel_dir
+        if self._storage.local_path(model_dir) is None:
+            # ONNX Runtime opens model files by local path: copy a remote model dir once.
+            self._model_copy = model_dir = copy_to_local(self._storage, model_dir)
+            self._model = load_model_dir(LocalStorage(), model_dir)
+        else:
+            self._model = load_model_dir(self._storage, model_dir)
+        self._warmup = Warmup.from_config(self.config)
         if self.config.checkpoint_dir is None:
             # DESIGN §4: without checkpoint_dir the graph's own values serve; nothing updates.
-            checkpoint = Checkpoint(
-                VersionRef("graph", self.config.savedmodel_dir, 0), Manifest("full", 0, {}), {}, {}
+            servable = self._build(
+                Checkpoint(VersionRef("graph", self.config.savedmodel_dir, 0), Manifest("full", 0, {}), {}, {})
             )
-        else:
-            ref, manifest = newest_complete_version(self._storage, self.config.checkpoint_dir, log=log)
-            checkpoint = load_checkpoint(self._storage, ref, manifest)
-        servable = Servable.load(self._model, checkpoint, self.config)
-        log.info("model %r: serving version %s (global_step %d)", self.model_name, servable.version, servable.global_step)
-        return servable
+            self._warmup.run(servable)
+            self._manager.swap(servable)
+            return
+        interval = self.config.model_update_interval_seconds
+        self._updater = ModelUpdater(
+            VersionWatcher(self._storage, self.config.checkpoint_dir, backoff=Backoff(interval, max(60.0, interval))),
+            self._manager,
+            self._build,
+            interval=interval,
+            warmup=self._warmup.run,
+            pinned=self.config.pinned_version,
+            model_name=self.model_name,
+        )
+        minutes = self.config.init_timeout_minutes
+        self._updater.load_initial(None if minutes == -1 else minutes * 60.0)
+        self._updater.start()
+
+    def _build(self, checkpoint: Checkpoint) -> Servable:
+        return Servable.load(self._model, checkpoint, self.config)
+
+    def load_version(self, name: str | None) -> dict[str, Any]:
+        """Serve full version `name` (a directory under checkpoint_dir) and its deltas from now
+        on, pinned: rollback. None unpins: the newest version serves again. Returns
+        `model_info()`; raises ModelLoadError / StorageError (then nothing changed)."""
+        if self._updater is None:
+            raise ConfigError("load_version needs checkpoint_dir: without it nothing is versioned", field="checkpoint_dir")
+        self._updater.load_version(name)
+        return self.model_info()
 
     # -- serving -------------------------------------------------------------------------
 
@@ -116,6 +157,8 @@ class Processor:
 
     def model_info(self) -> dict[str, Any]:
         servable = self._manager.current
+        updates = self._updater.status() if self._updater else {}
+        changed = updates.get("update_time") or (servable.loaded_at if servable else None)
         return {
             "model_name": self.model_name,
             "model_path": self.config.checkpoint_dir,
@@ -123,11 +166,15 @@ class Processor:
             "ready": servable is not None,
             "version": servable.version if servable else None,
             "global_step": servable.global_step if servable else None,
-            "update_time": (
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(servable.loaded_at)) if servable else None
-            ),
+            "delta_step": updates.get("delta_step", 0),
+            # When the served parameters last changed: a full swap or a delta.
+            "update_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(changed)) if changed else None,
             "signature_name": servable.default_signature if servable else None,
-            "last_error": self._last_error,
+            "pinned_version": updates.get("pinned_version"),
+            "full_updates": updates.get("full_updates", 0),
+            "delta_updates": updates.get("delta_updates", 0),
+            "update_failures": updates.get("failures", {}),
+            "last_error": updates.get("last_error") or self._last_error,
         }
 
     def model_info_bytes(self) -> bytes:
@@ -138,4 +185,8 @@ class Processor:
             if self._closed:
                 return
             self._closed = True
+        if self._updater is not None:
+            self._updater.stop()
         self._manager.swap(None)
+        if self._model_copy is not None:
+            shutil.rmtree(self._model_copy, ignore_errors=True)
