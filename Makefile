@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install native redis-server serve test bench proto clean
+.PHONY: install native redis-server serve test bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -35,6 +35,11 @@ bench: install redis-server
 
 proto: install
 	$(BIN)/python -m recserve.proto.generate
+
+# README.md inlines docs/*.md; docs/config.md is generated from the config field table.
+docs: install
+	$(BIN)/python -m recserve.processor.config --markdown > docs/config.md
+	$(BIN)/python docs/include.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .demo

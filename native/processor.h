@@ -70,6 +70,13 @@ RECSERVE_API int batch_process(void* model_buf, int count,
  * global step, update time), or a message on error; the buffer is malloc'ed as above. */
 RECSERVE_API int get_serving_model_info(void* model_buf, void** output_data, int* output_size);
 
+/* recserve addition: serve full version `version` (a directory name under checkpoint_dir)
+ * and its deltas from now on, pinned — a rollback. NULL or "" unpins: the newest complete
+ * version serves again. Loading runs on the calling thread and never interrupts serving; on
+ * success returns 200 with the model info as JSON, otherwise the status and a message (then
+ * the served version is unchanged). Buffers as above. */
+RECSERVE_API int load_version(void* model_buf, const char* version, void** output_data, int* output_size);
+
 /* free() for buffers returned by this library, for hosts that cannot call free directly. */
 RECSERVE_API void release_buffer(void* buffer);
 
@@ -84,6 +91,7 @@ typedef int (*recserve_process_fn)(void*, const void*, int, void**, int*);
 typedef int (*recserve_batch_process_fn)(void*, int, const void* const[], const int[], void*[],
                                          int[], int[]);
 typedef int (*recserve_get_serving_model_info_fn)(void*, void**, int*);
+typedef int (*recserve_load_version_fn)(void*, const char*, void**, int*);
 typedef void (*recserve_release_buffer_fn)(void*);
 typedef void (*recserve_destroy_fn)(void*);
 

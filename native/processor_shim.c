@@ -34,7 +34,8 @@ static PyObject* cabi_open;
 static PyObject* cabi_batch;
 static PyObject* cabi_info;
 static PyObject* cabi_close;
-static PyObject* cabi_process; /* set last: non-NULL means all five are set */
+static PyObject* cabi_load_version; /* recserve.processor.cabi.load_version */
+static PyObject* cabi_process; /* set last: non-NULL means all six are set */
 
 static pthread_once_t interpreter_once = PTHREAD_ONCE_INIT;
 static char interpreter_error[PATH_MAX + 256]; /* empty once an interpreter is available */
@@ -294,16 +295,19 @@ static int load_cabi(void) {
     PyObject* batch = PyObject_GetAttrString(module, "process_batch");
     PyObject* info = PyObject_GetAttrString(module, "model_info");
     PyObject* close = PyObject_GetAttrString(module, "close");
+    PyObject* load = PyObject_GetAttrString(module, "load_version");
     PyObject* process = PyObject_GetAttrString(module, "process");
     Py_DECREF(module);
-    if (!open || !batch || !info || !close || !process) {
+    if (!open || !batch || !info || !close || !load || !process) {
         Py_XDECREF(open);
         Py_XDECREF(batch);
         Py_XDECREF(info);
         Py_XDECREF(close);
+        Py_XDECREF(load);
         Py_XDECREF(process);
         return -1;
     }
+    cabi_load_version = load;
     cabi_open = open;
     cabi_batch = batch;
     cabi_info = info;
@@ -476,6 +480,22 @@ int get_serving_model_info(void* model_buf, void** output_data, int* output_size
     PyObject* result = PyObject_CallFunctionObjArgs(cabi_info, handle->processor, NULL);
     int status = reply_result(result, output_data, output_size);
     Py_XDECREF(result);
+    leave_python(entry);
+    return status;
+}
+
+int load_version(void* model_buf, const char* version, void** output_data, int* output_size) {
+    if (!output_data || !output_size)
+        return RECSERVE_BAD_REQUEST;
+    model_handle* handle = as_handle(model_buf);
+    if (!handle)
+        return reply_bad_handle(model_buf, output_data, output_size);
+    python_entry entry = enter_python();
+    PyObject* name = version ? PyBytes_FromString(version) : Py_NewRef(Py_None);
+    PyObject* result = name ? PyObject_CallFunctionObjArgs(cabi_load_version, handle->processor, name, NULL) : NULL;
+    int status = reply_result(result, output_data, output_size);
+    Py_XDECREF(result);
+    Py_XDECREF(name);
     leave_python(entry);
     return status;
 }

@@ -8,6 +8,8 @@ every `Processor` is thread-safe.
 
 from __future__ import annotations
 
+import json
+
 import logging
 from pathlib import Path
 
@@ -61,6 +63,16 @@ def model_info(processor: Processor) -> tuple[int, bytes]:
     """`get_serving_model_info`: (200, ServingModelInfo bytes) or (status, message)."""
     try:
         return 200, processor.model_info_bytes()
+    except Exception as exc:  # noqa: BLE001 - the host gets a status and message
+        status, message = _failure(exc)
+        return status, message.encode()
+
+
+def load_version(processor: Processor, version: bytes | None) -> tuple[int, bytes]:
+    """`load_version`: pin a full version (None or b"" unpins); (200, model info JSON) or (status, message)."""
+    try:
+        info = processor.load_version(version.decode("utf-8") if version else None)
+        return 200, json.dumps(info).encode()
     except Exception as exc:  # noqa: BLE001 - the host gets a status and message
         status, message = _failure(exc)
         return status, message.encode()

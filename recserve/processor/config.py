@@ -101,8 +101,9 @@ class ProcessorConfig:
     )
     use_per_session_threads: bool = _field(
         False, kinds.boolean(), "mapped",
-        "true: every session has its own intra/inter-op thread pools; false: the "
-        "sessions share ONNX Runtime's process-wide pools (`set_global_thread_pool_sizes`).",
+        "true: every session has its own intra/inter-op thread pools; false: the sessions "
+        "share ONNX Runtime's process-wide pools (`set_global_thread_pool_sizes`) when "
+        "ort_global_thread_pools is also true, else each keeps its own (see that field).",
     )
     cpusets: tuple[tuple[int, ...], ...] = _field(
         (), kinds.cpu_groups(), "mapped",
@@ -115,8 +116,9 @@ class ProcessorConfig:
         "with the CUDA provider; session_num sessions per GPU. Empty: CPU only.",
     )
     use_multi_stream: bool = _field(
-        False, kinds.boolean(), "advisory",
-        "No effect: ONNX Runtime's CUDA provider already gives every session its own stream.",
+        False, kinds.boolean(), "mapped",
+        "One CUDA stream per session, passed to the CUDA provider as `user_compute_stream` "
+        "(untested here: no GPU).",
     )
     enable_device_placement_optimization: bool = _field(
         False, kinds.boolean(), "honoured",
@@ -329,6 +331,12 @@ class ProcessorConfig:
         "layers, but memory then grows with session_num).",
         origin="recserve",
     )
+    redis_cluster: bool = _field(False, kinds.boolean(), "honoured", "feature_store_type redis: redis_url is a node of a Redis Cluster (redis-py's cluster client).", origin="recserve")
+    redis_cache_rows: int = _field(1_000_000, kinds.integer(1), "honoured", "feature_store_type redis: rows of each table cached locally (hot rows; beyond it random rows are evicted).", origin="recserve")
+    redis_serve_defaults_when_down: bool = _field(False, kinds.boolean(), "honoured", "feature_store_type redis: while Redis is unreachable, uncached keys get the table default instead of failing the request (503).", origin="recserve")
+    redis_timeout_seconds: float = _field(1.0, kinds.number(above=0), "honoured", "feature_store_type redis: socket timeout of every Redis connect and round trip.", origin="recserve")
+    redis_version_grace_seconds: float = _field(600.0, kinds.number(above=0), "honoured", "feature_store_type redis: a version older than the newest two expires from Redis this long after a newer one is imported.", origin="recserve")
+    redis_stream_updates: bool = _field(True, kinds.boolean(), "honoured", "feature_store_type redis: apply real-time row updates from the model's Redis stream (recserve.export.RowUpdateWriter).", origin="recserve")
 
     max_request_bytes: int = _field(
         64 * 1024 * 1024, kinds.integer(1), "honoured",

@@ -2,12 +2,15 @@
 
 A request leases the current servable (`with manager.acquire() as servable:`) and keeps
 it for its whole life, so a swap never changes the version under a running request. A
-retired servable is closed by whoever drops its last lease, outside the lock.
-Thread-safe.
+retired servable is closed once its last lease ends, on the manager's closer thread:
+freeing a version's tables and sessions takes tens of milliseconds, which must not land
+on the request that happened to finish last. Thread-safe.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +19,8 @@ from typing import Generic, Protocol, TypeVar
 from recserve.errors import ModelNotReadyError
 
 __all__ = ["Closeable", "ServableManager"]
+
+log = logging.getLogger("recserve.processor")
 
 
 class Closeable(Protocol):
@@ -39,6 +44,22 @@ class ServableManager(Generic[S]):
         self._model_name = model_name
         self._lock = threading.Lock()
         self._current: _Handle[S] | None = None
+        self._retired: queue.SimpleQueue[S | None] = queue.SimpleQueue()
+        self._closer = threading.Thread(target=self._close_retired, name=f"recserve-closer-{model_name}", daemon=True)
+        self._closer.start()
+
+    def _close_retired(self) -> None:
+        while (servable := self._retired.get()) is not None:
+            try:
+                servable.close()
+            except Exception:  # a failed close must not stop later ones
+                log.exception("model %r: closing a retired version failed", self._model_name)
+
+    def shutdown(self) -> None:
+        """Retire the current servable and wait until every retired one is closed."""
+        self.swap(None)
+        self._retired.put(None)
+        self._closer.join()
 
     @property
     def current(self) -> S | None:
@@ -60,7 +81,7 @@ class ServableManager(Generic[S]):
                 handle.leases -= 1
                 close_now = handle.retired and handle.leases == 0
             if close_now:
-                handle.servable.close()
+                self._retired.put(handle.servable)
 
     def swap(self, servable: S | None) -> None:
         """Serve `servable` from now on; the previous one closes once its last lease ends."""
@@ -71,4 +92,4 @@ class ServableManager(Generic[S]):
                 old.retired = True
                 close_now = old.leases == 0
         if old is not None and close_now:
-            old.servable.close()
+            self._retired.put(old.servable)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,8 @@ from recserve.processor.config import ProcessorConfig, parse_config
 from recserve.processor.manager import ServableManager
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
+from recserve.runtime.placement import PlacedModel, place_embeddings
+from recserve.runtime.threads import apply_thread_environment
 from recserve.warmup import Warmup
 
 __all__ = ["Processor"]
@@ -44,6 +47,8 @@ class Processor:
         self, config: str | bytes | Mapping[str, Any] | ProcessorConfig, *, model_name: str = "default"
     ) -> None:
         self.config = config if isinstance(config, ProcessorConfig) else parse_config(config)
+        # OpenMP runtimes read these when they load, so they go first (DeepRec's omp fields).
+        apply_thread_environment(self.config.env_overrides())
         self.model_name = model_name
         self._manager: ServableManager[Servable] = ServableManager(model_name)
         self._storage = storage_for(self.config)
@@ -51,6 +56,7 @@ class Processor:
         self._state_lock = threading.Lock()
         self._closed = False
         self._model_copy: str | None = None
+        self._placement_dir: str | None = None
         self._updater: ModelUpdater | None = None
         try:
             self._start()
@@ -69,6 +75,13 @@ class Processor:
         else:
             self._model = load_model_dir(self._storage, model_dir)
         self._warmup = Warmup.from_config(self.config)
+        self._placed: PlacedModel | None = None
+        if self.config.enable_device_placement_optimization and not self._model.spec.embeddings:
+            # Once per model dir: every version's servable shares the rewritten graph.
+            self._placement_dir = tempfile.mkdtemp(prefix="recserve-placed-")
+            self._placed = place_embeddings(self._model.onnx_path, self._placement_dir)
+            for table, why in self._placed.kept.items():
+                log.warning("model %r: table %r stays in the graph: %s", self.model_name, table, why)
         if self.config.checkpoint_dir is None:
             # DESIGN §4: without checkpoint_dir the graph's own values serve; nothing updates.
             servable = self._build(
@@ -92,7 +105,7 @@ class Processor:
         self._updater.start()
 
     def _build(self, checkpoint: Checkpoint) -> Servable:
-        return Servable.load(self._model, checkpoint, self.config)
+        return Servable.load(self._model, checkpoint, self.config, placed=self._placed)
 
     def load_version(self, name: str | None) -> dict[str, Any]:
         """Serve full version `name` (a directory under checkpoint_dir) and its deltas from now
@@ -187,6 +200,7 @@ class Processor:
             self._closed = True
         if self._updater is not None:
             self._updater.stop()
-        self._manager.swap(None)
-        if self._model_copy is not None:
-            shutil.rmtree(self._model_copy, ignore_errors=True)
+        self._manager.shutdown()
+        for scratch in (self._model_copy, self._placement_dir):
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)

@@ -15,13 +15,15 @@ import numpy as np
 
 from recserve.embedding import EmbeddingTable, LookupPlan, string_keys
 from recserve.errors import ModelLoadError, RequestError
-from recserve.model_spec import EmbeddingBinding
+from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.model_dir import ModelDir
 from recserve.processor.config import ProcessorConfig
 from recserve.processor.session_group import SessionGroup
-from recserve.processor.signature import DEFAULT_SIGNATURE, Signature, build_signatures
+from recserve.processor.signature import DEFAULT_SIGNATURE, GraphTensor, Signature, build_signatures
 from recserve.processor.trace import RequestTrace
+from recserve.runtime.placed_inputs import PlacedInputs
+from recserve.runtime.placement import PlacedModel
 
 __all__ = ["Servable", "build_tables"]
 
@@ -49,6 +51,24 @@ def build_tables(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint) -
     return tables
 
 
+def placed_tables(placed: PlacedModel, checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
+    """Tables moved out of a plain ONNX graph, keyed by row index; a version's
+    `embedding/<initializer>.safetensors` rows replace those rows (DESIGN §4)."""
+    tables = {}
+    for name, rows in placed.tables.items():
+        table = EmbeddingTable(name, rows.shape[1], np.arange(len(rows), dtype=np.int64), rows)
+        data = checkpoint.tables.get(name)
+        if data is not None:
+            if data.values.shape[1] != rows.shape[1]:
+                raise ModelLoadError(
+                    f"table {name!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
+                    f"but the graph's initializer has dim {rows.shape[1]}"
+                )
+            table.upsert(data.keys, data.values)
+        tables[name] = table
+    return tables
+
+
 @dataclass
 class Servable:
     version: str
@@ -61,6 +81,8 @@ class Servable:
     loaded_at: float
     # Per signature: the aliases of its id inputs and one plan looking all of them up.
     plans: Mapping[str, tuple[tuple[str, ...], LookupPlan]]
+    # Plain ONNX models under enable_device_placement_optimization: ids -> rows on the CPU.
+    placed: PlacedInputs | None = None
 
     @classmethod
     def load(
@@ -68,11 +90,19 @@ class Servable:
         model: ModelDir,
         checkpoint: Checkpoint,
         config: ProcessorConfig,
+        *,
+        placed: PlacedModel | None = None,
     ) -> Servable:
-        tables = build_tables(model.spec.embeddings, checkpoint)
-        sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
+        if placed is None:
+            tables = build_tables(model.spec.embeddings, checkpoint)
+            sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
+            signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
+        else:
+            tables = placed_tables(placed, checkpoint)
+            sessions = SessionGroup(placed.dense_model_path, config, dense_overrides=checkpoint.dense)
+            request_inputs = [GraphTensor(n, np.dtype(t), shape) for n, t, shape in placed.request_input_types]
+            signatures = build_signatures(ModelSpec(), request_inputs, sessions.outputs)
         default_signature = config.signature_name or ""
-        signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         default = default_signature or DEFAULT_SIGNATURE
         if default not in signatures:
             # DeepRec serves the model's only signature whatever it is called.
@@ -96,6 +126,7 @@ class Servable:
             default_signature=default,
             loaded_at=time.time(),
             plans=plans,
+            placed=PlacedInputs(placed) if placed is not None else None,
         )
 
     def signature(self, name: str | None) -> Signature:
@@ -121,7 +152,11 @@ class Servable:
         trace.batch_size = next((a.shape[0] for a in arrays.values() if a.ndim), 1)
         trace.model_version = self.version
         with trace.span("lookup"):
-            feeds = self._feeds(sig, arrays)
+            if self.placed is not None:
+                by_name = {sig.inputs[alias].name: arr for alias, arr in arrays.items()}
+                feeds = self.placed.dense_feeds(by_name, self._lookup_rows)
+            else:
+                feeds = self._feeds(sig, arrays)
         with trace.span("run"):
             results = self.sessions.run([sig.outputs[alias].name for _, alias in chosen], feeds)
         return {key: value for (key, _), value in zip(chosen, results)}
@@ -138,6 +173,11 @@ class Servable:
         for alias, out in zip(bound, plan.run(ids_list)):
             feeds[sig.inputs[alias].binding.graph_input] = out  # type: ignore[union-attr]
         return feeds
+
+    def _lookup_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
+        # A placed Gather's ids may have any rank: look them up flat, give ids.shape + [dim].
+        t = self.tables[table]
+        return t.lookup(ids.reshape(-1), "none").reshape(*ids.shape, t.dim)
 
     def close(self) -> None:
         self.sessions.close()

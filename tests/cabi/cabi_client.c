@@ -15,6 +15,8 @@
  *   cabi_client LIB two CONFIG_A REQS_A EXP_A CONFIG_B REQS_B EXP_B THREADS ROUNDS
  *        THREADS threads per model; A is destroyed while B's threads run; prints
  *        "a_sent .. a_mismatched .. b_sent .. b_mismatched .. b_after_destroy .."
+ *   cabi_client LIB pin CONFIG VERSION REQUESTS OUT    load_version(VERSION), each request -> OUT, then
+ *        load_version(NULL) and the requests again -> OUT; prints "pin S <message>" / "unpin S <message>"
  *   cabi_client LIB calls                             bad calls; prints "name status message" lines
  */
 #define _GNU_SOURCE
@@ -36,6 +38,7 @@ static recserve_batch_process_fn batch_process_;
 static recserve_get_serving_model_info_fn get_serving_model_info_;
 static recserve_release_buffer_fn release_buffer_;
 static recserve_destroy_fn destroy_;
+static recserve_load_version_fn load_version_;
 
 static void die(const char* what, const char* detail) {
     fprintf(stderr, "cabi_client: %s: %s\n", what, detail ? detail : "");
@@ -59,6 +62,7 @@ static void load(const char* path) {
     get_serving_model_info_ = (recserve_get_serving_model_info_fn)symbol(lib, "get_serving_model_info");
     release_buffer_ = (recserve_release_buffer_fn)symbol(lib, "release_buffer");
     destroy_ = (recserve_destroy_fn)symbol(lib, "destroy");
+    load_version_ = (recserve_load_version_fn)symbol(lib, "load_version");
 }
 
 static char* read_file(const char* path, size_t* size) {
@@ -311,6 +315,40 @@ static int mode_once(char** argv) {
     return 0;
 }
 
+static void process_all(void* model, records* requests, FILE* out) {
+    for (int k = 0; k < requests->count; k++) {
+        void* data = NULL;
+        int size = 0;
+        int status = process_(model, requests->data[k], requests->size[k], &data, &size);
+        write_record(out, status, data, size);
+        free(data);
+    }
+}
+
+static void print_reply(const char* what, int status, void* data, int size) {
+    printf("%s %d %.*s\n", what, status, size, data ? (const char*)data : "");
+    free(data);
+}
+
+static int mode_pin(char** argv) {
+    void* model = open_model(argv[0]);
+    records requests = read_records(argv[2], 0);
+    FILE* out = fopen(argv[3], "wb");
+    void* data = NULL;
+    int size = 0;
+    int status = load_version_(model, argv[1], &data, &size);
+    print_reply("pin", status, data, size);
+    process_all(model, &requests, out);
+    data = NULL;
+    status = load_version_(model, NULL, &data, &size);
+    print_reply("unpin", status, data, size);
+    process_all(model, &requests, out);
+    fclose(out);
+    destroy_(model);
+    free_records(&requests);
+    return 0;
+}
+
 static int mode_batch(char** argv) {
     void* model = open_model(argv[0]);
     records requests = read_records(argv[1], 0);
@@ -386,7 +424,8 @@ int main(int argc, char** argv) {
     load(argv[1]);
     const char* mode = argv[2];
     int need = !strcmp(mode, "init") ? 1 : !strcmp(mode, "once") || !strcmp(mode, "batch") ? 3
-             : !strcmp(mode, "info") ? 2 : !strcmp(mode, "serve") ? 5 : !strcmp(mode, "two") ? 8 : 0;
+             : !strcmp(mode, "info") ? 2 : !strcmp(mode, "serve") ? 5 : !strcmp(mode, "two") ? 8
+             : !strcmp(mode, "pin") ? 4 : 0;
     if (argc - 3 < need)
         die("too few arguments for mode", mode);
     if (!strcmp(mode, "init"))
@@ -401,6 +440,8 @@ int main(int argc, char** argv) {
         return mode_serve(argv + 3);
     if (!strcmp(mode, "two"))
         return mode_two(argv + 3);
+    if (!strcmp(mode, "pin"))
+        return mode_pin(argv + 3);
     if (!strcmp(mode, "calls"))
         return mode_calls();
     die("unknown mode", mode);

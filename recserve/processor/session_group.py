@@ -1,0 +1,214 @@
+"""A group of ONNX Runtime sessions over one dense graph (DeepRec's SessionGroup).
+
+`session_count` sessions (session_num per GPU, or session_num on the CPU) share every
+large dense initializer: each is loaded once, with the version's `dense.safetensors`
+overrides applied, and handed to every session as the same buffer
+(`recserve.runtime.shared_weights`). Each session has its own thread pools (or the
+process-wide ones), its own CPU group, its own device and stream; a request is served by
+the session `select_session_policy` picks, or, with dynamic batching on, merged with
+other requests by `recserve.processor.batching`. Thread-safe: `run` may be called from
+many threads; `close` once, after the last `run`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from recserve.errors import ConfigError, InternalError, ModelLoadError, RequestError
+from recserve.processor.batching import DynamicBatcher
+from recserve.processor.config import ProcessorConfig
+from recserve.processor.signature import GraphTensor
+from recserve.runtime.cpus import check_cpusets, pin_calling_thread
+from recserve.runtime.cuda_streams import CudaStreams
+from recserve.runtime.providers import DeviceSettings, check_providers, provider_list
+from recserve.runtime.session_options import ThreadSettings, build_session_options
+from recserve.runtime.session_policy import SessionPolicy
+from recserve.runtime.shared_weights import SharedInitializers
+from recserve.runtime.threads import global_thread_pools, use_global_thread_pools
+
+__all__ = ["SessionGroup", "device_settings", "thread_settings"]
+
+_MAX_REMEMBERED_THREADS = 4096
+
+
+def thread_settings(config: ProcessorConfig, index: int, *, per_session_threads: bool = True) -> ThreadSettings:
+    """Session `index`'s CPU threads as the config asks."""
+    return ThreadSettings(
+        intra=config.intra_op_parallelism_threads,
+        inter=config.inter_op_parallelism_threads,
+        per_session_threads=per_session_threads,
+        inline=config.enable_inline_execute,
+        spinning=config.allow_spinning,
+        cpus=config.cpusets[index] if config.cpusets else (),
+    )
+
+
+def device_settings(config: ProcessorConfig, index: int, stream: int | None = None) -> DeviceSettings:
+    """Session `index`'s device: GPU `gpu_ids_list[index // session_num]` (GPU 0 when the
+    list is empty) for cuda and tensorrt."""
+    provider = config.execution_provider
+    if provider == "auto":
+        provider = "cuda" if config.gpu_ids_list else "cpu"
+    gpus = config.gpu_ids_list or (0,)
+    return DeviceSettings(
+        provider=provider,  # type: ignore[arg-type]  # checked by the config's choice()
+        device_id=gpus[index // config.session_num] if provider != "cpu" else 0,
+        stream=stream,
+        trt_fp16=config.trt_fp16_enable,
+        trt_engine_cache_path=config.trt_engine_cache_path,
+        max_batch_size=config.max_batch_size,
+    )
+
+
+def _input_shapes(model_path: str) -> list[tuple[str, tuple[int | None, ...]]]:
+    graph = onnx.load(model_path, load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    return [
+        (i.name, tuple(d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim))
+        for i in graph.input
+        if i.name not in initializers
+    ]
+
+
+def _check_batchable(tensors: Sequence[GraphTensor], what: str) -> None:
+    for t in tensors:
+        if not t.shape or t.shape[0] is not None:
+            raise ModelLoadError(
+                f"max_batch_size > 0 merges requests along the first dimension, but graph {what} "
+                f"{t.name!r} has shape {['?' if d is None else d for d in t.shape]}; dynamic batching "
+                "needs a free first (batch) dimension on every input and output (or set max_batch_size 0)"
+            )
+
+
+def _uses_own_pools(config: ProcessorConfig) -> bool:
+    """Whether the sessions get their own pools; creates the global pools when they do not.
+
+    ONNX Runtime's global pools are opt-in (use_per_session_threads false *and*
+    ort_global_thread_pools true): once they exist, ONNX Runtime refuses a session with
+    its own pools anywhere in the process, other models' and helper sessions included."""
+    existing = global_thread_pools()
+    if not config.use_per_session_threads and config.ort_global_thread_pools and not config.enable_inline_execute:
+        use_global_thread_pools(config.intra_op_parallelism_threads, config.inter_op_parallelism_threads)
+        return False
+    if existing is not None:
+        raise ConfigError(
+            "this model's sessions need their own thread pools, but this process already created ONNX "
+            "Runtime's global pools (for a model with ort_global_thread_pools true) and ONNX Runtime "
+            "cannot mix the two in one process; set use_per_session_threads false and "
+            "ort_global_thread_pools true for every model of the process, or for none",
+            field="ort_global_thread_pools",
+        )
+    return True
+
+
+class SessionGroup:
+    def __init__(
+        self,
+        model_path: str,
+        config: ProcessorConfig,
+        *,
+        dense_overrides: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        count = config.session_count
+        self._policy = SessionPolicy(config.select_session_policy, count)
+        self._cpusets = config.cpusets
+        if self._cpusets:
+            check_cpusets(self._cpusets)
+        per_session_threads = _uses_own_pools(config)
+        # ORT keeps pointers to the shared buffers and streams: they live as long as the group.
+        self._shared = SharedInitializers(model_path, dense_overrides)
+        self._streams = CudaStreams()
+        self._sessions: list[ort.InferenceSession] = []
+        self._pinned: dict[int, int] = {}
+        self._pin_lock = threading.Lock()
+        self._batcher: DynamicBatcher | None = None
+        shapes = _input_shapes(model_path)
+        try:
+            for index in range(count):
+                device = device_settings(config, index)
+                if config.use_multi_stream and device.provider != "cpu":
+                    device = device_settings(config, index, self._streams.create(device.device_id))
+                providers = provider_list(device, shapes)
+                threads = thread_settings(config, index, per_session_threads=per_session_threads)
+                options = build_session_options(threads, prepacking=config.prepack_weights)
+                self._shared.add_to(options)
+                try:
+                    session = ort.InferenceSession(model_path, options, providers=providers)
+                except Exception as exc:  # onnxruntime raises its own exception types
+                    raise ModelLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
+                check_providers(
+                    session, providers, allow_cpu_fallback=config.allow_cpu_fallback,
+                    where=f"session {index} of {model_path}",
+                )
+                self._sessions.append(session)
+            first = self._sessions[0]
+            self.inputs = [GraphTensor.from_ort(a) for a in first.get_inputs()]
+            self.outputs = [GraphTensor.from_ort(a) for a in first.get_outputs()]
+            if config.max_batch_size > 0:
+                _check_batchable(self.inputs, "input")
+                _check_batchable(self.outputs, "output")
+                self._batcher = DynamicBatcher(
+                    self._run_on,
+                    sessions=count,
+                    max_batch_size=config.max_batch_size,
+                    batch_timeout_micros=config.batch_timeout_micros,
+                    on_worker_start=self._pin if self._cpusets else None,
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def shared_weight_names(self) -> list[str]:
+        """Initializers every session reads from one shared buffer."""
+        return self._shared.names
+
+    def providers(self, index: int) -> list[str]:
+        """The providers session `index` really runs with."""
+        return list(self._sessions[index].get_providers())
+
+    def run(self, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if self._batcher is not None:
+            return self._batcher.submit(output_names, feeds)
+        index = self._policy.acquire()
+        try:
+            if self._cpusets:
+                self._pin(index)
+            return self._run_on(index, output_names, feeds)
+        finally:
+            self._policy.release(index)
+
+    def _pin(self, index: int) -> None:
+        """Move the calling thread to session `index`'s CPUs unless it is there already."""
+        ident = threading.get_ident()
+        if self._pinned.get(ident) == index:
+            return
+        pin_calling_thread(self._cpusets[index])
+        with self._pin_lock:
+            if len(self._pinned) >= _MAX_REMEMBERED_THREADS:
+                self._pinned.clear()
+            self._pinned[ident] = index
+
+    def _run_on(self, index: int, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            return self._sessions[index].run(list(output_names), dict(feeds))  # type: ignore[no-any-return]
+        except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
+            raise RequestError(f"the model rejected the inputs: {exc}") from exc
+        except Exception as exc:
+            raise InternalError(f"onnxruntime failed to run the model: {exc}") from exc
+
+    def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
+            self._batcher = None
+        self._sessions.clear()
+        self._streams.close()

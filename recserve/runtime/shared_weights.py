@@ -1,0 +1,73 @@
+"""Dense initializers held once per group and handed to every session.
+
+`SessionOptions.add_initializer` makes a session use a caller's buffer instead of its own
+copy, so N sessions cost one copy of the weights (the buffers must outlive the sessions;
+this object keeps them). Prepacking must be off for that to hold: MatMul/Gemm would
+otherwise repack each weight into a private buffer per session (BENCHMARKS.md has both).
+Initializers under `MIN_SHARED_BYTES` (shapes, small biases) stay in the graph, where the
+optimizer may fold them. Immutable after construction; thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from recserve.errors import ModelLoadError
+
+__all__ = ["MIN_SHARED_BYTES", "SharedInitializers"]
+
+MIN_SHARED_BYTES = 64 * 1024
+
+
+class SharedInitializers:
+    def __init__(self, model_path: str, overrides: Mapping[str, np.ndarray] | None = None) -> None:
+        try:
+            model = onnx.load(model_path)
+        except Exception as exc:  # onnx raises DecodeError, OSError, ValueError...
+            raise ModelLoadError(f"cannot read ONNX model {model_path}: {exc}") from exc
+        given = dict(overrides or {})
+        by_name = {t.name: t for t in model.graph.initializer}
+        unknown = sorted(set(given) - set(by_name))
+        if unknown:
+            raise ModelLoadError(
+                f"dense.safetensors has tensors {unknown} that are not initializers of {model_path}"
+            )
+        self._arrays: dict[str, np.ndarray] = {}
+        for name, tensor in by_name.items():
+            if name in given:
+                value = np.ascontiguousarray(given[name])
+                expected = tuple(tensor.dims)
+                if value.shape != expected:
+                    raise ModelLoadError(
+                        f"dense.safetensors tensor {name!r} has shape {list(value.shape)}, the graph's "
+                        f"initializer has {list(expected)}"
+                    )
+            elif tensor.data_type != onnx.TensorProto.STRING and _nbytes(tensor) >= MIN_SHARED_BYTES:
+                value = numpy_helper.to_array(tensor)
+            else:
+                continue
+            self._arrays[name] = value
+        del model
+        self._values = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in self._arrays.items()}
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._values)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays.values())
+
+    def add_to(self, options: ort.SessionOptions) -> None:
+        for name, value in self._values.items():
+            options.add_initializer(name, value)
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
