@@ -144,7 +144,9 @@ class Servable:
         *,
         signature_name: str | None = None,
         trace: RequestTrace | None = None,
+        session: int | None = None,
     ) -> dict[str, np.ndarray]:
+        """Outputs for one request; `session` pins the run to one session (warmup)."""
         trace = trace or RequestTrace()
         sig = self.signature(signature_name)
         arrays = sig.resolve_inputs(inputs)
@@ -158,7 +160,9 @@ class Servable:
             else:
                 feeds = self._feeds(sig, arrays)
         with trace.span("run"):
-            results = self.sessions.run([sig.outputs[alias].name for _, alias in chosen], feeds)
+            results = self.sessions.run(
+                [sig.outputs[alias].name for _, alias in chosen], feeds, session=session, trace=trace
+            )
         return {key: value for (key, _), value in zip(chosen, results)}
 
     def _feeds(self, sig: Signature, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -12,8 +12,11 @@ many threads; `close` once, after the last `run`.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,6 +26,7 @@ from recserve.errors import ConfigError, InternalError, ModelLoadError, RequestE
 from recserve.processor.batching import DynamicBatcher
 from recserve.processor.config import ProcessorConfig
 from recserve.processor.signature import GraphTensor
+from recserve.processor.trace import RequestTrace
 from recserve.runtime.cpus import check_cpusets, pin_calling_thread
 from recserve.runtime.cuda_streams import CudaStreams
 from recserve.runtime.providers import DeviceSettings, check_providers, provider_list
@@ -128,6 +132,8 @@ class SessionGroup:
         self._pin_lock = threading.Lock()
         self._batcher: DynamicBatcher | None = None
         shapes = _input_shapes(model_path)
+        self._model_path = model_path
+        self._profile_settings: tuple[ThreadSettings, bool, list[Any]] | None = None
         try:
             for index in range(count):
                 device = device_settings(config, index)
@@ -146,6 +152,8 @@ class SessionGroup:
                     where=f"session {index} of {model_path}",
                 )
                 self._sessions.append(session)
+                if self._profile_settings is None:
+                    self._profile_settings = (threads, config.prepack_weights, providers)
             first = self._sessions[0]
             self.inputs = [GraphTensor.from_ort(a) for a in first.get_inputs()]
             self.outputs = [GraphTensor.from_ort(a) for a in first.get_outputs()]
@@ -176,7 +184,20 @@ class SessionGroup:
         """The providers session `index` really runs with."""
         return list(self._sessions[index].get_providers())
 
-    def run(self, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def run(
+        self,
+        output_names: Sequence[str],
+        feeds: Mapping[str, np.ndarray],
+        *,
+        session: int | None = None,
+        trace: RequestTrace | None = None,
+    ) -> list[np.ndarray]:
+        """Outputs of one run. `session` picks the session (warmup reaches each one);
+        a `trace` that wants an ONNX Runtime profile gets one (timelines)."""
+        if trace is not None and trace.want_ort_profile:
+            return self._run_profiled(output_names, feeds, trace)
+        if session is not None:
+            return self._run_on(session, output_names, feeds)
         if self._batcher is not None:
             return self._batcher.submit(output_names, feeds)
         index = self._policy.acquire()
@@ -205,6 +226,28 @@ class SessionGroup:
             raise RequestError(f"the model rejected the inputs: {exc}") from exc
         except Exception as exc:
             raise InternalError(f"onnxruntime failed to run the model: {exc}") from exc
+
+    def _run_profiled(
+        self, output_names: Sequence[str], feeds: Mapping[str, np.ndarray], trace: RequestTrace
+    ) -> list[np.ndarray]:
+        # ORT profiles a session from its creation until end_profiling() and cannot restart,
+        # so a traced request runs on a fresh session with session 0's settings. Timelines
+        # trace a handful of requests, so the load this costs is rare by design.
+        assert self._profile_settings is not None
+        threads, prepacking, providers = self._profile_settings
+        options = build_session_options(threads, prepacking=prepacking)
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"recserve-ort-{os.getpid()}")
+        self._shared.add_to(options)
+        try:
+            profiled = ort.InferenceSession(self._model_path, options, providers=providers)
+            outputs = profiled.run(list(output_names), dict(feeds))
+        except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
+            raise RequestError(f"the model rejected the inputs: {exc}") from exc
+        except Exception as exc:
+            raise InternalError(f"onnxruntime failed to run the model: {exc}") from exc
+        trace.ort_profile_path = profiled.end_profiling()
+        return outputs  # type: ignore[no-any-return]
 
     def close(self) -> None:
         if self._batcher is not None:

@@ -33,7 +33,9 @@ class RequestTrace:
     spans: list[Span] = field(default_factory=list)
     batch_size: int = 0
     model_version: str = ""
-    # Filled when the caller asked for an ONNX Runtime profile of this request (timelines).
+    # Set by the caller to have this request's run profiled by ONNX Runtime (timelines);
+    # the session group then fills `ort_profile_path` with the Chrome-trace JSON file.
+    want_ort_profile: bool = False
     ort_profile_path: str | None = None
 
     @contextmanager

@@ -57,6 +57,7 @@ class Dispatcher:
             label = entry.name
             if entry.timeline is not None:
                 step = entry.timeline.take()
+                trace.want_ort_profile = step is not None
             with entry.lease() as processor:
                 status, result = handler(entry, processor, trace)
         except RecserveError as exc:

@@ -63,7 +63,8 @@ def _ort_events(path: str, run_start_us: float) -> list[dict[str, Any]]:
     origin = min(runs) if runs else min((e["ts"] for e in events if "ts" in e), default=0)
     out = []
     for e in events:
-        if "ts" not in e:
+        # The profiled session is created for this request: its loading is not the request's.
+        if "ts" not in e or e["ts"] < origin:
             continue
         moved = dict(e)
         moved["ts"] = e["ts"] - origin + run_start_us

@@ -23,11 +23,12 @@ log = logging.getLogger("recserve.warmup")
 class _Servable(Protocol):
     version: str
     tables: Mapping[str, Any]
+    sessions: Any  # SessionGroup: `session_count`
 
     def signature(self, name: str | None) -> Any: ...
 
     def predict(self, inputs: Mapping[str, Any], output_filter: Sequence[str] | None = None, *,
-                signature_name: str | None = None) -> dict[str, np.ndarray]: ...
+                signature_name: str | None = None, session: int | None = None) -> dict[str, np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,15 @@ class _Request:
 class Warmup:
     """What every new version runs before it serves: the warmup file's requests, or, without
     one, `synthesized` requests of `batch` rows made from its default signature and keys that
-    exist in its tables. Each request runs `sessions` times in a row, so that a session group
-    choosing sessions round robin runs it on every session.
+    exist in its tables. Each request runs once on every session of the version's group.
 
     A request the model rejects (400) is counted and logged: the file does not fit this
     model. Any other failure raises ModelLoadError: the version must not serve.
     Immutable; thread-safe (a warmup runs on the updater thread only)."""
 
-    def __init__(self, requests: Sequence[bytes] = (), *, sessions: int = 1, synthesized: int = 4,
+    def __init__(self, requests: Sequence[bytes] = (), *, synthesized: int = 4,
                  batch: int = 8, seed: int = 0) -> None:
         self._requests = [self._decode(i, r) for i, r in enumerate(requests)]
-        self._sessions = max(1, sessions)
         self._synthesized = synthesized
         self._batch = batch
         self._seed = seed
@@ -74,9 +73,9 @@ class Warmup:
 
     @classmethod
     def from_config(cls, config: Any) -> Warmup:
-        """From `warmup_file_name` (if set) and the session count of a ProcessorConfig."""
+        """From `warmup_file_name` (if set) of a ProcessorConfig."""
         requests = read_warmup_file(config.warmup_file_name) if config.warmup_file_name else []
-        return cls(requests, sessions=config.session_count)
+        return cls(requests)
 
     def _synthesize(self, servable: _Servable) -> list[_Request]:
         rng = np.random.default_rng(self._seed)
@@ -90,11 +89,12 @@ class Warmup:
         requests = self._requests or self._synthesize(servable)
         runs = rejected = 0
         for index, request in enumerate(requests):
-            for _ in range(self._sessions):
+            # Every session of the group runs every request before the version serves.
+            for session in range(servable.sessions.session_count):
                 runs += 1
                 try:
                     servable.predict(request.inputs, request.output_filter or None,
-                                     signature_name=request.signature_name)
+                                     signature_name=request.signature_name, session=session)
                 except RequestError as exc:
                     rejected += 1
                     log.warning("version %s: warmup request %d rejected: %s", servable.version, index, exc)

@@ -52,7 +52,7 @@ class Harness:
         self.watcher = VersionWatcher(storage or LocalStorage(), checkpoint_dir or str(tiny.checkpoint_dir),
                                       backoff=Backoff(base=1.0, cap=8.0), clock=self.clock)
         self.updater = ModelUpdater(self.watcher, self.manager, build, interval=0.5,
-                                    warmup=warmup if warmup is not None else Warmup(sessions=2).run,
+                                    warmup=warmup if warmup is not None else Warmup().run,
                                     pinned=pinned, backoff=Backoff(base=1.0, cap=8.0), wait=self.clock.wait,
                                     clock=self.clock, model_name="m")
 

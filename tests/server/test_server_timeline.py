@@ -36,9 +36,17 @@ def test_server_writes_timelines_for_chosen_steps(launch, demo, tmp_path):
     assert 'recserve_timelines_written_total{model="default",result="ok"} 2.0' in metrics
     assert sorted(p.name for p in out.iterdir()) == ["timeline-default-step1.json", "timeline-default-step3.json"]
     doc = json.loads((out / "timeline-default-step3.json").read_text())
-    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "recserve"]
     assert [e["name"] for e in spans] == ["decode", "lookup", "run", "encode"]
     assert all(e["dur"] >= 0 and e["args"] == {"batch_size": 4} for e in spans)
+    # The chosen request's run was profiled by ONNX Runtime: its kernels sit inside "run".
+    ort_events = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") != "recserve"]
+    names = {e["name"] for e in ort_events}
+    assert "model_run" in names and "model_loading_uri" not in names
+    assert any(e.get("cat") == "Node" for e in ort_events)
+    run = spans[2]
+    model_run = next(e for e in ort_events if e["name"] == "model_run")
+    assert run["ts"] <= model_run["ts"] <= run["ts"] + run["dur"]
     assert doc["otherData"] == {"model": "default", "step": 3, "model_version": "1", "batch_size": 4}
 
 
@@ -70,7 +78,10 @@ def test_chrome_trace_merges_the_ort_profile(demo, tmp_path):
     assert model_run["ts"] == pytest.approx(run["ts"])
     with open(profile) as f:
         raw = json.load(f)
-    assert len(ort_events) == len([e for e in raw if "ts" in e and e["ph"] == "X"])
+    # Every event from the run on is merged; the session's own loading, before it, is not.
+    start = next(e["ts"] for e in raw if e.get("name") == "model_run")
+    assert len(ort_events) == len([e for e in raw if e["ph"] == "X" and e["ts"] >= start])
+    assert {e["name"] for e in raw if e["ts"] < start} >= {"model_loading_uri"}
     assert any(e.get("cat") == "Node" for e in ort_events)
 
 

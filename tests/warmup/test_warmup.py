@@ -97,22 +97,32 @@ def test_synthesized_requests_use_keys_that_exist_and_serve(servable):
     assert all(np.isfinite(v).all() for v in out.values())
 
 
-def test_warmup_runs_every_request_on_every_session(servable, demo):
-    result = Warmup.from_config(parse_config({**demo.config(), "session_num": 3})).run(servable)
+def test_warmup_runs_every_request_on_every_session(servable, demo, monkeypatch):
+    used = []
+    run = servable.sessions.run
+
+    def spy(names, feeds, **kwargs):  # type: ignore[no-untyped-def]
+        used.append(kwargs["session"])
+        return run(names, feeds, **kwargs)
+
+    monkeypatch.setattr(servable.sessions, "run", spy)
+    result = Warmup.from_config(parse_config(demo.config())).run(servable)
     assert (result.source, result.requests, result.runs, result.rejected) == ("file", 1, 3, 0)
-    synthesized = Warmup(sessions=3, synthesized=2).run(servable)
+    assert used == [0, 1, 2]
+    synthesized = Warmup(synthesized=2).run(servable)
     assert (synthesized.source, synthesized.requests, synthesized.runs, synthesized.rejected) == ("synthesized", 2, 6, 0)
 
 
 def test_a_rejected_request_is_counted_and_a_failing_version_is_refused(servable, caplog):
     bad = encode_request({"no_such_input": np.ones(2, np.int64)})
-    result = Warmup([bad], sessions=3).run(servable)
+    result = Warmup([bad]).run(servable)
     assert (result.runs, result.rejected) == (1, 1)
     assert "warmup request 0 rejected: unknown input 'no_such_input'" in caplog.text
 
     class Broken:
         version = "7"
         tables = None
+        sessions = servable.sessions
 
         def signature(self, name):  # type: ignore[no-untyped-def]
             return servable.signature(name)
@@ -121,7 +131,7 @@ def test_a_rejected_request_is_counted_and_a_failing_version_is_refused(servable
             raise RuntimeError("onnxruntime exploded")
 
     with pytest.raises(ModelLoadError, match=r"^warmup request 0 failed on version 7: RuntimeError: onnxruntime exploded$"):
-        Warmup([demo_request(servable)], sessions=2).run(Broken())  # type: ignore[arg-type]
+        Warmup([demo_request(servable)]).run(Broken())  # type: ignore[arg-type]
     with pytest.raises(ModelLoadError, match=r"^warmup request 0 is not a valid PredictRequest"):
         Warmup([b"\xff\xff\xff"])
 
