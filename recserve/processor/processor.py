@@ -52,7 +52,6 @@ class Processor:
         self.model_name = model_name
         self._manager: ServableManager[Servable] = ServableManager(model_name)
         self._storage = storage_for(self.config)
-        self._last_error: str | None = None
         self._state_lock = threading.Lock()
         self._closed = False
         self._model_copy: str | None = None
@@ -187,7 +186,8 @@ class Processor:
             "full_updates": updates.get("full_updates", 0),
             "delta_updates": updates.get("delta_updates", 0),
             "update_failures": updates.get("failures", {}),
-            "last_error": updates.get("last_error") or self._last_error,
+            "last_error": updates.get("last_error"),
+            "tables": {name: {"rows": len(t)} for name, t in servable.tables.items()} if servable else {},
         }
 
     def model_info_bytes(self) -> bytes:

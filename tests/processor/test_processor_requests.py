@@ -156,3 +156,13 @@ def test_processor_keeps_serving_after_errors(processor: Processor, request_inpu
     for junk in (b"\x00", b"\x0a\x05hello", b"\xff" * 64):
         assert processor.process(junk)[0] == 400
     assert processor.process(encode_request(request_inputs))[0] == 200
+
+
+def test_model_info_reports_the_served_version_and_tables(processor: Processor, demo) -> None:
+    info = processor.model_info()
+    assert info["version"] == "1" and info["global_step"] == 1 and info["ready"] is True
+    assert info["model_path"] == str(demo.checkpoint_dir)
+    from recserve.export.demo import demo_tables
+
+    assert info["tables"] == {name: {"rows": len(t.keys)} for name, t in demo_tables().items()}
+    assert info["last_error"] is None
