@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -77,32 +78,40 @@ class InputSpec:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": dtype_name(self.dtype), "shape": [-1 if d is None else d for d in self.shape]}
 
+    @cached_property
+    def _fixed_dims(self) -> tuple[tuple[int, int], ...]:
+        return tuple((axis, size) for axis, size in enumerate(self.shape) if size is not None)
+
+    @cached_property
+    def _pools_single_ids(self) -> bool:
+        return self.binding is not None and self.binding.combiner != "none"
+
     def check(self, value: Any) -> np.ndarray:
         """The request's array for this input, cast where safe; RequestError otherwise."""
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-        if self.dtype == np.dtype(object):
-            if arr.dtype.kind not in "OSU":
-                raise RequestError(
-                    f"input {self.alias!r}: expects strings, got {dtype_name(arr.dtype)}"
-                )
-        elif arr.dtype != self.dtype:
-            if arr.dtype.kind in "OSU" or not np.can_cast(arr.dtype, self.dtype, "safe"):
-                raise RequestError(
-                    f"input {self.alias!r}: dtype {dtype_name(arr.dtype)} cannot be safely cast to "
-                    f"{dtype_name(self.dtype)}; send {dtype_name(self.dtype)}"
-                    + (" or a narrower integer type" if self.dtype.kind == "i" else "")
-                )
-            arr = arr.astype(self.dtype)
-        if self.binding is not None and self.binding.combiner != "none" and arr.ndim == 1:
+        arr = value if type(value) is np.ndarray else np.asarray(value)
+        if arr.dtype != self.dtype:
+            arr = self._cast(arr)
+        if arr.ndim == 1 and self._pools_single_ids:
             arr = arr.reshape(-1, 1)  # one id per sample pools to itself
-        if arr.ndim != len(self.shape) or any(
-            want is not None and got != want for got, want in zip(arr.shape, self.shape)
-        ):
+        if arr.ndim != len(self.shape) or any(arr.shape[axis] != size for axis, size in self._fixed_dims):
             raise RequestError(
                 f"input {self.alias!r}: shape {list(arr.shape)} does not match {_shape_text(self.shape)}"
                 " (? is any size)"
             )
         return arr
+
+    def _cast(self, arr: np.ndarray) -> np.ndarray:
+        if self.dtype == np.dtype(object):
+            if arr.dtype.kind not in "OSU":
+                raise RequestError(f"input {self.alias!r}: expects strings, got {dtype_name(arr.dtype)}")
+            return arr
+        if arr.dtype.kind in "OSU" or not np.can_cast(arr.dtype, self.dtype, "safe"):
+            raise RequestError(
+                f"input {self.alias!r}: dtype {dtype_name(arr.dtype)} cannot be safely cast to "
+                f"{dtype_name(self.dtype)}; send {dtype_name(self.dtype)}"
+                + (" or a narrower integer type" if self.dtype.kind == "i" else "")
+            )
+        return arr.astype(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,9 @@ class Signature:
             },
         }
 
-    def _lookup_name(self) -> dict[str, str]:
+    @cached_property
+    def _names(self) -> dict[str, str]:
+        """Every name a request may use for an input (alias, tensor name, `name:0`) -> alias."""
         names: dict[str, str] = {}
         for alias, spec in self.inputs.items():
             names[alias] = alias
@@ -131,25 +142,31 @@ class Signature:
 
     def resolve_inputs(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Validated arrays keyed by alias; raises RequestError naming the problem."""
-        names = self._lookup_name()
+        names, specs = self._names, self.inputs
         resolved: dict[str, np.ndarray] = {}
+        batch = -1
+        consistent = True
         for key, value in request.items():
             alias = names.get(key)
             if alias is None:
                 raise RequestError(
-                    f"unknown input {key!r} for signature {self.name!r}; valid inputs are {sorted(self.inputs)}"
+                    f"unknown input {key!r} for signature {self.name!r}; valid inputs are {sorted(specs)}"
                 )
             if alias in resolved:
                 raise RequestError(f"input {alias!r} is given twice (as an alias and as a tensor name)")
-            resolved[alias] = self.inputs[alias].check(value)
-        missing = sorted(a for a in self.inputs if a not in resolved)
-        if missing:
+            arr = resolved[alias] = specs[alias].check(value)
+            if arr.ndim:
+                if batch < 0:
+                    batch = arr.shape[0]
+                elif arr.shape[0] != batch:
+                    consistent = False
+        if len(resolved) != len(specs):
+            missing = sorted(a for a in specs if a not in resolved)
             raise RequestError(
-                f"missing input(s) {missing} for signature {self.name!r}; it needs {sorted(self.inputs)}"
+                f"missing input(s) {missing} for signature {self.name!r}; it needs {sorted(specs)}"
             )
-        batch = {a: arr.shape[0] for a, arr in resolved.items() if arr.ndim > 0}
-        if len(set(batch.values())) > 1:
-            detail = ", ".join(f"{a!r} has {n}" for a, n in sorted(batch.items()))
+        if not consistent:
+            detail = ", ".join(f"{a!r} has {arr.shape[0]}" for a, arr in sorted(resolved.items()) if arr.ndim)
             raise RequestError(f"inconsistent batch size across inputs: {detail}")
         return resolved
 
