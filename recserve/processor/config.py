@@ -230,9 +230,9 @@ class ProcessorConfig:
         "Threads writing a new version's rows to Redis.",
     )
     lock_timeout: int = _field(
-        900, kinds.integer(1), "advisory",
-        "No effect: in DeepRec, the seconds one instance may hold the lock for writing a "
-        "version to Redis; recserve's Redis store takes no such lock.",
+        900, kinds.integer(1), "honoured",
+        "Redis store: the longest a replica waits for another replica's import of a new "
+        "version (the import lock itself expires after 30 s without renewal).",
     )
     ev_storage_type: int = _field(
         0, kinds.choice(0, 1, 12), "mapped",

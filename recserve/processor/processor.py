@@ -104,7 +104,7 @@ class Processor:
         self._updater.start()
 
     def _build(self, checkpoint: Checkpoint) -> Servable:
-        return Servable.load(self._model, checkpoint, self.config, placed=self._placed)
+        return Servable.load(self._model, checkpoint, self.config, placed=self._placed, model_name=self.model_name)
 
     def load_version(self, name: str | None) -> dict[str, Any]:
         """Serve full version `name` (a directory under checkpoint_dir) and its deltas from now

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from recserve.embedding import EmbeddingTable, LookupPlan, string_keys
+from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint
@@ -74,15 +75,16 @@ class Servable:
     version: str
     global_step: int
     model: ModelDir
-    tables: Mapping[str, EmbeddingTable]
+    tables: Mapping[str, Any]  # EmbeddingTable, or RedisTable with feature_store_type redis
     sessions: SessionGroup
     signatures: Mapping[str, Signature]
     default_signature: str
     loaded_at: float
     # Per signature: the aliases of its id inputs and one plan looking all of them up.
-    plans: Mapping[str, tuple[tuple[str, ...], LookupPlan]]
+    plans: Mapping[str, tuple[tuple[str, ...], Any]]  # LookupPlan or RedisLookupPlan
     # Plain ONNX models under enable_device_placement_optimization: ids -> rows on the CPU.
     placed: PlacedInputs | None = None
+    redis: RedisTableSet | None = None
 
     @classmethod
     def load(
@@ -92,8 +94,37 @@ class Servable:
         config: ProcessorConfig,
         *,
         placed: PlacedModel | None = None,
+        model_name: str = "default",
     ) -> Servable:
-        if placed is None:
+        redis: RedisTableSet | None = None
+        if config.uses_redis:
+            if placed is not None:
+                raise ModelLoadError(
+                    "feature_store_type redis serves tables bound in model.json; a plain ONNX model "
+                    "under enable_device_placement_optimization keeps its tables in the process"
+                )
+            redis = open_redis_tables(model.spec.embeddings, checkpoint, config, model_name)
+        try:
+            return cls._load(model, checkpoint, config, placed, redis)
+        except BaseException:
+            if redis is not None:
+                redis.close()
+            raise
+
+    @classmethod
+    def _load(
+        cls,
+        model: ModelDir,
+        checkpoint: Checkpoint,
+        config: ProcessorConfig,
+        placed: PlacedModel | None,
+        redis: RedisTableSet | None,
+    ) -> Servable:
+        if redis is not None:
+            tables: Mapping[str, Any] = redis.tables
+            sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
+            signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
+        elif placed is None:
             tables = build_tables(model.spec.embeddings, checkpoint)
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
@@ -111,11 +142,12 @@ class Servable:
                     f"signature_name {default!r} is not in the model; it has {sorted(signatures)}"
                 )
             default = next(iter(signatures))
-        plans = {}
+        plans: dict[str, tuple[tuple[str, ...], Any]] = {}
         for name, sig in signatures.items():
             bound = tuple(a for a, spec in sig.inputs.items() if spec.binding is not None)
-            pairs = [(tables[b.table], b.combiner) for b in (sig.inputs[a].binding for a in bound) if b]
-            plans[name] = (bound, LookupPlan(pairs))
+            pairs = [(b.table, b.combiner) for b in (sig.inputs[a].binding for a in bound) if b]
+            plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
+            plans[name] = (bound, plan)
         return cls(
             version=checkpoint.ref.name,
             global_step=checkpoint.manifest.global_step,
@@ -127,6 +159,7 @@ class Servable:
             loaded_at=time.time(),
             plans=plans,
             placed=PlacedInputs(placed) if placed is not None else None,
+            redis=redis,
         )
 
     def signature(self, name: str | None) -> Signature:
@@ -185,3 +218,5 @@ class Servable:
 
     def close(self) -> None:
         self.sessions.close()
+        if self.redis is not None:
+            self.redis.close()

@@ -1,0 +1,290 @@
+"""Redis-backed tables against a real redis-server: lookups equal the checkpoint's rows,
+one importer among replicas, version switches, deltas written through, the local cache's
+bounds, Redis Cluster through redis-py's cluster client."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from recserve.embedding import EmbeddingTable, default_vectors
+from recserve.embedding.redis_import import KEEP_VERSIONS
+from recserve.embedding.redis_keys import KeySpace, row_keys
+from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
+from recserve.errors import ModelLoadError
+from recserve.export import TableData, write_checkpoint
+from recserve.model_spec import DefaultSpec, EmbeddingBinding
+from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
+from recserve.model_store.manifest import read_manifest
+from recserve.model_store.storage import LocalStorage
+from recserve.model_store.versions import VersionRef
+from recserve.processor.config import ProcessorConfig
+
+MODEL = "ctr"
+USER_DEFAULT = DefaultSpec("normal", 0.1, 7)
+ZEROS = DefaultSpec()
+BINDINGS = [
+    EmbeddingBinding("user_id", "user", 8, "user_emb", default=USER_DEFAULT),
+    EmbeddingBinding("clicked", "item", 4, "clicked_emb", combiner="mean"),
+    EmbeddingBinding("item_id", "item", 4, "item_emb"),
+]
+
+
+def tables_for(step: int, n: int = 3000) -> dict[str, TableData]:
+    rng = np.random.default_rng(step)
+    out = {}
+    for name, dim in (("user", 8), ("item", 4)):
+        keys = rng.choice(2**40, size=n, replace=False).astype(np.int64) - 2**39  # negatives too
+        out[name] = TableData(keys, rng.standard_normal((n, dim)).astype(np.float32) + step)
+    return out
+
+
+def version(root: Path, step: int, tables: dict[str, TableData] | None = None) -> Checkpoint:
+    path = write_checkpoint(root, tables or tables_for(step), global_step=step)
+    storage = LocalStorage()
+    return load_checkpoint(storage, VersionRef(path.name, str(path), step), read_manifest(storage, str(path)))
+
+
+def config(server: Any, **fields: Any) -> ProcessorConfig:
+    return ProcessorConfig(
+        savedmodel_dir="/unused", feature_store_type="redis", redis_url=server.url, **fields
+    )
+
+
+def reference(ckpt: Checkpoint, table: str, default: DefaultSpec = ZEROS) -> EmbeddingTable:
+    data = ckpt.tables[table]
+    return EmbeddingTable(table, data.values.shape[1], data.keys, data.values.copy(), default=default)
+
+
+def request(ckpt: Checkpoint, rng: np.random.Generator, batch: int = 64) -> list[np.ndarray]:
+    users = np.concatenate([rng.choice(ckpt.tables["user"].keys, batch - 4), rng.integers(0, 2**50, 4)])
+    items = ckpt.tables["item"].keys
+    clicked = rng.choice(items, (batch, 5))
+    clicked[:, 3:] = -1
+    clicked[0, 0] = 123456789  # unknown: zeros default, counts toward the mean
+    return [users.astype(np.int64), clicked.astype(np.int64), rng.choice(items, batch).astype(np.int64)]
+
+
+def expected(ckpt: Checkpoint, ids: list[np.ndarray]) -> list[np.ndarray]:
+    user, item = reference(ckpt, "user", USER_DEFAULT), reference(ckpt, "item")
+    return [user.lookup(ids[0]), item.lookup(ids[1], "mean"), item.lookup(ids[2])]
+
+
+PLAN = [("user", "none"), ("item", "mean"), ("item", "none")]
+
+
+@pytest.fixture
+def opened() -> Any:
+    sets: list[RedisTableSet] = []
+
+    def open_(*args: Any, **kwargs: Any) -> RedisTableSet:
+        s = open_redis_tables(*args, **kwargs)
+        sets.append(s)
+        return s
+
+    yield open_
+    for s in sets:
+        s.close()
+
+
+def test_lookups_equal_the_checkpoint_rows(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_server), MODEL)
+    assert store.imported and store.version == "1"
+    plan = store.lookup_plan(PLAN)
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # cold, then warm cache
+        ids = request(ckpt, rng)
+        for got, want in zip(plan.run(ids), expected(ckpt, ids)):
+            np.testing.assert_array_equal(got, want)
+    raw = redis_server.client().get(row_keys(KeySpace(MODEL).row_prefix("1", "user"), ckpt.tables["user"].keys[:1])[0])
+    assert raw == ckpt.tables["user"].values[0].astype("<f4").tobytes()
+
+
+def test_rows_are_fetched_in_batches_and_unknown_keys_only_once(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_server), MODEL)
+    plan = store.lookup_plan([("user", "none")])
+    client = redis_server.client()
+    ids = np.concatenate([ckpt.tables["user"].keys[:100], np.arange(1, 51)]).astype(np.int64)
+    client.config_resetstat()
+    plan.run([ids])
+    assert client.info("commandstats")["cmdstat_mget"]["calls"] == 1
+    plan.run([ids])  # known rows cached, unknown keys remembered as absent
+    plan.run([ids[::-1].copy()])
+    assert client.info("commandstats")["cmdstat_mget"]["calls"] == 1
+    np.testing.assert_array_equal(plan.run([ids])[0], reference(ckpt, "user", USER_DEFAULT).lookup(ids))
+
+
+def test_big_batches_split_over_read_threads(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_server, read_thread_num=4), MODEL)
+    ids = ckpt.tables["user"].keys[:2048].copy()
+    client = redis_server.client()
+    client.config_resetstat()
+    np.testing.assert_array_equal(store.lookup_plan([("user", "none")]).run([ids])[0], ckpt.tables["user"].values[:2048])
+    assert client.info("commandstats")["cmdstat_mget"]["calls"] == 4
+
+
+def test_cache_stays_bounded_and_lookups_stay_exact(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_server, redis_cache_rows=500), MODEL)
+    plan = store.lookup_plan(PLAN)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        ids = request(ckpt, rng, batch=80)
+        for got, want in zip(plan.run(ids), expected(ckpt, ids)):
+            np.testing.assert_array_equal(got, want)
+        assert len(store.tables["user"].cache) <= 500 and len(store.tables["item"].cache) <= 500
+
+
+def test_concurrent_lookups_with_evictions_are_exact(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_server, redis_cache_rows=300), MODEL)
+    plan = store.lookup_plan(PLAN)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                ids = request(ckpt, rng, batch=100)
+                for got, want in zip(plan.run(ids), expected(ckpt, ids)):
+                    np.testing.assert_array_equal(got, want)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[0]
+
+
+def test_replicas_share_one_import(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    loads = []
+
+    def reload() -> Checkpoint:
+        loads.append(1)
+        return ckpt
+
+    results: list[RedisTableSet] = []
+    barrier = threading.Barrier(3)
+
+    def replica() -> None:
+        barrier.wait()
+        results.append(opened(BINDINGS, ckpt, config(redis_server), MODEL, reload=reload))
+
+    threads = [threading.Thread(target=replica) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 3
+    assert sorted(s.imported for s in results) == [False, False, True]
+    assert len(loads) == 1  # only the importer read the rows
+    rng = np.random.default_rng(2)
+    ids = request(ckpt, rng)
+    for s in results:
+        for got, want in zip(s.lookup_plan(PLAN).run(ids), expected(ckpt, ids)):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_version_switch_never_mixes_versions(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    # Every value of version s is s, so a response's version is readable.
+    def tables(step: int) -> dict[str, TableData]:
+        keys = np.arange(1, 2001, dtype=np.int64)
+        return {
+            "user": TableData(keys, np.full((2000, 8), step, np.float32)),
+            "item": TableData(keys, np.full((2000, 4), step, np.float32)),
+        }
+
+    v1 = version(tmp_path, 1, tables(1))
+    current = [opened(BINDINGS, v1, config(redis_server), MODEL)]
+    current_plan = [current[0].lookup_plan(PLAN)]
+    seen: set[float] = set()
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def reader() -> None:
+        rng = np.random.default_rng(3)
+        while not stop.is_set():
+            plan = current_plan[0]  # one lease: the whole request uses one servable
+            ids = [rng.integers(1, 2001, 64), rng.integers(1, 2001, (64, 5)), rng.integers(1, 2001, 64)]
+            values = np.unique(np.concatenate([o.ravel() for o in plan.run(ids)]))
+            if len(values) != 1:
+                errors.append(f"mixed response: {values}")
+            seen.add(float(values[0]))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for step in (2, 3):
+        nxt = opened(BINDINGS, version(tmp_path, step, tables(step)), config(redis_server), MODEL)
+        current_plan[0] = nxt.lookup_plan(PLAN)
+        current.append(nxt)
+    stop.set()
+    thread.join(timeout=60)
+    assert not errors, errors[:3]
+    assert seen <= {1.0, 2.0, 3.0}
+    assert current_plan[0].run([np.array([1]), np.array([[1]]), np.array([1])])[0][0, 0] == 3.0
+    # Version 1 is beyond the newest KEEP_VERSIONS: it expires after the grace period.
+    client = redis_server.client()
+    space = KeySpace(MODEL)
+    assert KEEP_VERSIONS == 2
+    assert [v.decode() for v in client.zrange(space.versions, 0, -1)] == ["2", "3"]
+    assert 0 < client.pttl(space.ready("1")) <= 600_000
+    assert 0 < client.pttl(row_keys(space.row_prefix("1", "user"), np.array([1]))[0]) <= 600_000
+    assert client.pttl(space.ready("2")) == -1 and client.pttl(space.ready("3")) == -1
+
+
+def test_deltas_write_through_to_redis_and_the_cache(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    a = opened(BINDINGS, ckpt, config(redis_server), MODEL)
+    b = opened(BINDINGS, ckpt, config(redis_server), MODEL)
+    keys = ckpt.tables["user"].keys[:3].copy()
+    plan_a, plan_b = a.lookup_plan([("user", "none")]), b.lookup_plan([("user", "none")])
+    plan_a.run([keys])
+    plan_b.run([keys])  # cached in both replicas
+    rows = np.full((2, 8), 9.0, np.float32)
+    for replica in (a, b):  # each replica's updater applies the same delta
+        replica.tables["user"].upsert(keys[:2], rows)
+        replica.tables["user"].delete(keys[2:])
+    for plan in (plan_a, plan_b):
+        got = plan.run([keys])[0]
+        np.testing.assert_array_equal(got[:2], rows)
+        np.testing.assert_array_equal(got[2:], default_vectors(USER_DEFAULT, keys[2:], 8))
+    c = opened(BINDINGS, ckpt, config(redis_server), MODEL)  # a new replica reads Redis
+    np.testing.assert_array_equal(c.lookup_plan([("user", "none")]).run([keys[:2]])[0], rows)
+
+
+def test_table_missing_from_version_is_refused_before_import(redis_server: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1, {"user": tables_for(1)["user"]})
+    with pytest.raises(ModelLoadError, match=r"table 'item' \(bound by input 'clicked'\) is not in checkpoint version '1'"):
+        open_redis_tables(BINDINGS, ckpt, config(redis_server), MODEL)
+    assert redis_server.client().dbsize() == 0
+
+
+def test_sample_keys_come_from_the_version(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_server), MODEL)
+    sample = store.tables["user"].sample_keys(50, np.random.default_rng(0))
+    assert sample.shape == (50,) and np.isin(sample, ckpt.tables["user"].keys).all()
+    assert len(store.tables["user"]) == 3000
+
+
+def test_redis_cluster_client(redis_cluster_node: Any, opened: Any, tmp_path: Path) -> None:
+    ckpt = version(tmp_path, 1)
+    store = opened(BINDINGS, ckpt, config(redis_cluster_node, redis_cluster=True), MODEL)
+    assert store.imported
+    rng = np.random.default_rng(4)
+    ids = request(ckpt, rng)
+    for got, want in zip(store.lookup_plan(PLAN).run(ids), expected(ckpt, ids)):
+        np.testing.assert_array_equal(got, want)
+    assert isinstance(redis.RedisCluster.from_url(redis_cluster_node.url).ping(), bool)
