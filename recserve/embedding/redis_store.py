@@ -39,7 +39,7 @@ from recserve.embedding.redis_keys import KeySpace
 from recserve.embedding.redis_table import RedisTable
 from recserve.errors import ModelLoadError
 from recserve.model_spec import EmbeddingBinding
-from recserve.model_store.checkpoint import Checkpoint, TableData
+from recserve.model_store.checkpoint import Checkpoint, TableData, bound_table_rows
 from recserve.processor.config import ProcessorConfig
 
 __all__ = ["RedisLookupPlan", "RedisTableSet", "connect", "open_redis_tables"]
@@ -146,23 +146,9 @@ def _bound_tables(bindings: Sequence[EmbeddingBinding]) -> dict[str, EmbeddingBi
     return first
 
 
-def _checked_rows(bound: Mapping[str, EmbeddingBinding], checkpoint: Checkpoint) -> dict[str, TableData]:
+def _checked_rows(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint) -> dict[str, TableData]:
     """The checkpoint's rows of the bound tables, checked before any is written to Redis."""
-    rows = {}
-    for name, b in bound.items():
-        data = checkpoint.tables.get(name)
-        if data is None:
-            raise ModelLoadError(
-                f"table {name!r} (bound by input {b.input!r}) is not in checkpoint version "
-                f"{checkpoint.ref.name!r}; it has tables {sorted(checkpoint.tables)}"
-            )
-        if data.values.shape[1] != b.dim:
-            raise ModelLoadError(
-                f"table {name!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
-                f"but model.json binds it with dim {b.dim}"
-            )
-        rows[name] = data
-    return rows
+    return {name: data for name, (_, data) in bound_table_rows(bindings, checkpoint).items()}
 
 
 def open_redis_tables(
@@ -190,7 +176,7 @@ def open_redis_tables(
     try:
         def import_version() -> tuple[VersionInfo, bool]:
             return ensure_version(
-                conn, space, version, step, lambda: _checked_rows(bound, source()),
+                conn, space, version, step, lambda: _checked_rows(bindings, source()),
                 writers=config.update_thread_num,
                 lock_seconds=IMPORT_LOCK_SECONDS,
                 wait_seconds=float(config.lock_timeout),

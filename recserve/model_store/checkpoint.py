@@ -9,18 +9,21 @@ may contain "/" (DeepRec variable names do); the file then sits in subdirectorie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import safetensors
 import safetensors.numpy
 
-from recserve.errors import CorruptVersionError
+from recserve.errors import CorruptVersionError, ModelLoadError
+from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.manifest import Manifest
 from recserve.model_store.storage import Storage, join
 from recserve.model_store.versions import VersionRef
 
 __all__ = [
+    "bound_table_rows",
     "DENSE_FILE",
     "EMBEDDING_DIR",
     "TABLE_TENSORS",
@@ -165,3 +168,27 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest) -> Ch
             if table:
                 tables[table] = read_table(storage, join(ref.path, name))
     return Checkpoint(ref=ref, manifest=manifest, tables=tables, dense=dense)
+
+
+def bound_table_rows(
+    bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint
+) -> dict[str, tuple[EmbeddingBinding, TableData]]:
+    """Each table the bindings name, with its first binding and its rows in `checkpoint`;
+    ModelLoadError when a table is missing or its dim differs from the binding's."""
+    found: dict[str, tuple[EmbeddingBinding, TableData]] = {}
+    for b in bindings:
+        if b.table in found:
+            continue
+        data = checkpoint.tables.get(b.table)
+        if data is None:
+            raise ModelLoadError(
+                f"table {b.table!r} (bound by input {b.input!r}) is not in checkpoint version "
+                f"{checkpoint.ref.name!r}; it has tables {sorted(checkpoint.tables)}"
+            )
+        if data.values.shape[1] != b.dim:
+            raise ModelLoadError(
+                f"table {b.table!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
+                f"but model.json binds it with dim {b.dim}"
+            )
+        found[b.table] = (b, data)
+    return found

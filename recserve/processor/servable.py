@@ -17,7 +17,7 @@ from recserve.embedding import EmbeddingTable, LookupPlan, string_keys
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
-from recserve.model_store.checkpoint import Checkpoint
+from recserve.model_store.checkpoint import Checkpoint, bound_table_rows
 from recserve.model_store.model_dir import ModelDir
 from recserve.processor.config import ProcessorConfig
 from recserve.processor.session_group import SessionGroup
@@ -31,25 +31,12 @@ __all__ = ["Servable", "build_tables"]
 
 def build_tables(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
     """One EmbeddingTable per bound table name, from the checkpoint's rows."""
-    tables: dict[str, EmbeddingTable] = {}
-    for b in bindings:
-        if b.table in tables:
-            continue
-        data = checkpoint.tables.get(b.table)
-        if data is None:
-            raise ModelLoadError(
-                f"table {b.table!r} (bound by input {b.input!r}) is not in checkpoint version "
-                f"{checkpoint.ref.name!r}; it has tables {sorted(checkpoint.tables)}"
-            )
-        if data.values.shape[1] != b.dim:
-            raise ModelLoadError(
-                f"table {b.table!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
-                f"but model.json binds it with dim {b.dim}"
-            )
-        tables[b.table] = EmbeddingTable(
-            b.table, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions
+    return {
+        name: EmbeddingTable(
+            name, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions
         )
-    return tables
+        for name, (b, data) in bound_table_rows(bindings, checkpoint).items()
+    }
 
 
 def placed_tables(placed: PlacedModel, checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
