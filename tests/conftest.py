@@ -1,4 +1,5 @@
-"""Fixtures shared by every test area: a real redis-server on a free port.
+"""Fixtures shared by every test area: a real redis-server on a free port, and requests
+for the torch-exported ONNX fixtures.
 
 `redis_server` starts one for the test and stops it after; `redis_server.kill()` and
 `.start()` simulate an outage (same port, data lost: the server runs without persistence,
@@ -12,9 +13,10 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
@@ -102,3 +104,40 @@ def redis_cluster_node(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+# -- torch-exported fixtures (tests/fixtures/torch, made by make_fixtures.py) ------------
+
+TORCH_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "torch"
+
+
+def _ids_and_dense(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
+    return {
+        "user_id": rng.integers(0, 50, batch),
+        "item_id": rng.integers(0, 30, batch),
+        "dense": rng.standard_normal((batch, 3)).astype(np.float32),
+    }
+
+
+def _bags(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
+    return {"tags": rng.integers(0, 40, (batch, 5)), "cats": rng.integers(0, 20, (batch, 3))}
+
+
+def _float_row(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
+    ids = rng.integers(0, 10, (batch, 3))
+    return {"x": np.concatenate([rng.standard_normal((batch, 3)), ids], axis=1).astype(np.float32)}
+
+
+TorchRequest = Callable[[np.random.Generator, int], dict[str, np.ndarray]]
+
+
+@pytest.fixture(scope="session")
+def torch_requests() -> dict[str, TorchRequest]:
+    """Per fixture file: a function making a valid request of `batch` rows."""
+    return {
+        "embedding_torchscript.onnx": _ids_and_dense,
+        "embedding_dynamo.onnx": _ids_and_dense,
+        "embedding_bag_torchscript.onnx": _bags,
+        "embedding_bag_dynamo.onnx": _bags,
+        "float_input_ctr.onnx": _float_row,
+    }

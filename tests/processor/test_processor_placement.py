@@ -17,32 +17,6 @@ from recserve.export.reference import Reference
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "torch"
 
 
-def _ids_and_dense(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    return {
-        "user_id": rng.integers(0, 50, batch),
-        "item_id": rng.integers(0, 30, batch),
-        "dense": rng.standard_normal((batch, 3)).astype(np.float32),
-    }
-
-
-def _bags(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    return {"tags": rng.integers(0, 40, (batch, 5)), "cats": rng.integers(0, 20, (batch, 3))}
-
-
-def _float_row(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    ids = rng.integers(0, 10, (batch, 3))
-    return {"x": np.concatenate([rng.standard_normal((batch, 3)), ids], axis=1).astype(np.float32)}
-
-
-CASES = {
-    "embedding_torchscript.onnx": _ids_and_dense,
-    "embedding_dynamo.onnx": _ids_and_dense,
-    "embedding_bag_torchscript.onnx": _bags,
-    "embedding_bag_dynamo.onnx": _bags,
-    "float_input_ctr.onnx": _float_row,
-}
-
-
 def _model_dir(tmp_path: Path, fixture: str) -> Path:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -50,8 +24,8 @@ def _model_dir(tmp_path: Path, fixture: str) -> Path:
     return model_dir
 
 
-@pytest.mark.parametrize("fixture", sorted(CASES))
-def test_placed_model_serves_the_original_predictions(fixture: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.onnx")))
+def test_placed_model_serves_the_original_predictions(fixture: str, tmp_path: Path, torch_requests) -> None:
     model_dir = _model_dir(tmp_path, fixture)
     processor = Processor({"savedmodel_dir": str(model_dir), "enable_device_placement_optimization": True})
     original = ort.InferenceSession(str(FIXTURES / fixture), providers=["CPUExecutionProvider"])
@@ -61,7 +35,7 @@ def test_placed_model_serves_the_original_predictions(fixture: str, tmp_path: Pa
         assert processor._manager.current.tables  # type: ignore[union-attr]
         rng = np.random.default_rng(1)
         for batch in (1, 4, 33):
-            request = CASES[fixture](rng, batch)
+            request = torch_requests[fixture](rng, batch)
             got = processor.predict(request)
             want = dict(zip(names, original.run(None, request)))
             assert set(got) == set(want)

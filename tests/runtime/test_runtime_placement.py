@@ -19,32 +19,14 @@ from recserve.runtime.placed_inputs import PlacedInputs
 from recserve.runtime.placement import TableLookup, place_embeddings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "torch"
-Request = Callable[[np.random.Generator, int], dict[str, np.ndarray]]
 
 
-def _ids_and_dense(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    return {
-        "user_id": rng.integers(0, 50, batch),
-        "item_id": rng.integers(0, 30, batch),
-        "dense": rng.standard_normal((batch, 3)).astype(np.float32),
-    }
-
-
-def _bags(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    return {"tags": rng.integers(0, 40, (batch, 5)), "cats": rng.integers(0, 20, (batch, 3))}
-
-
-def _float_row(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    ids = rng.integers(0, 10, (batch, 3))
-    return {"x": np.concatenate([rng.standard_normal((batch, 3)), ids], axis=1).astype(np.float32)}
-
-
-CASES: dict[str, tuple[Request, set[str]]] = {
-    "embedding_torchscript.onnx": (_ids_and_dense, {"user.weight", "item.weight"}),
-    "embedding_dynamo.onnx": (_ids_and_dense, {"user.weight", "item.weight"}),
-    "embedding_bag_torchscript.onnx": (_bags, {"tags.weight", "cats.weight"}),
-    "embedding_bag_dynamo.onnx": (_bags, {"tags.weight", "cats.weight"}),
-    "float_input_ctr.onnx": (_float_row, {"shared.weight", "other.weight"}),
+TABLES: dict[str, set[str]] = {
+    "embedding_torchscript.onnx": {"user.weight", "item.weight"},
+    "embedding_dynamo.onnx": {"user.weight", "item.weight"},
+    "embedding_bag_torchscript.onnx": {"tags.weight", "cats.weight"},
+    "embedding_bag_dynamo.onnx": {"tags.weight", "cats.weight"},
+    "float_input_ctr.onnx": {"shared.weight", "other.weight"},
 }
 
 
@@ -54,9 +36,9 @@ def _session(path: str) -> ort.InferenceSession:
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("fixture", sorted(CASES))
-def test_placed_model_equals_the_original(fixture: str, tmp_path: Path) -> None:
-    request, tables = CASES[fixture]
+@pytest.mark.parametrize("fixture", sorted(TABLES))
+def test_placed_model_equals_the_original(fixture: str, tmp_path: Path, torch_requests) -> None:
+    request, tables = torch_requests[fixture], TABLES[fixture]
     placed = place_embeddings(str(FIXTURES / fixture), str(tmp_path))
     assert set(placed.tables) == tables and placed.kept == {}
     original = onnx.load(str(FIXTURES / fixture))
