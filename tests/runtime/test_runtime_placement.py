@@ -6,7 +6,6 @@ The fixtures are torch exports committed with the script that made them
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
