@@ -76,7 +76,7 @@ def write_sections(sections: dict[str, str]) -> None:
     """Replace (or append) the given `## module` sections of BENCHMARKS.md, keeping the rest."""
     text = REPORT.read_text() if REPORT.exists() else HEADER
     for module, body in sections.items():
-        pattern = re.compile(rf"^## {re.escape(module)}\n.*?(?=^## |\Z)", re.S | re.M)
+        pattern = re.compile(rf"^## {re.escape(module)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
         if pattern.search(text):
             text = pattern.sub(lambda _m: body + "\n", text)
         else:

@@ -23,12 +23,12 @@ from recserve.model_store.storage import Storage, join
 from recserve.model_store.versions import VersionRef
 
 __all__ = [
-    "bound_table_rows",
     "DENSE_FILE",
     "EMBEDDING_DIR",
     "TABLE_TENSORS",
     "Checkpoint",
     "TableData",
+    "bound_table_rows",
     "load_checkpoint",
     "read_dense",
     "read_table",

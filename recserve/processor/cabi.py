@@ -9,7 +9,6 @@ every `Processor` is thread-safe.
 from __future__ import annotations
 
 import json
-
 import logging
 from pathlib import Path
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -499,7 +499,7 @@ def _unix_seconds(value: object) -> int:
     if isinstance(value, str):
         moment = datetime.fromisoformat(value)
         if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
+            moment = moment.replace(tzinfo=UTC)
         return int(moment.timestamp())
     if isinstance(value, (int, float)):
         return int(value)

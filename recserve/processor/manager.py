@@ -31,7 +31,7 @@ S = TypeVar("S", bound=Closeable)
 
 
 class _Handle(Generic[S]):
-    __slots__ = ("servable", "leases", "retired")
+    __slots__ = ("leases", "retired", "servable")
 
     def __init__(self, servable: S) -> None:
         self.servable = servable

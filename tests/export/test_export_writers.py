@@ -6,9 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from recserve.errors import CorruptVersionError, ModelLoadError, StorageError, VersionNotReadyError
-from recserve.export import TableData, string_key, string_keys, write_checkpoint, write_delta
-from recserve.export import write_model_dir
-from recserve.export import staging
+from recserve.export import TableData, staging, string_key, string_keys, write_checkpoint, write_delta, write_model_dir
 from recserve.model_spec import EmbeddingBinding, ModelSpec, SignatureSpec
 from recserve.model_store import LocalStorage, list_full_versions
 

@@ -28,9 +28,8 @@ def settle(manager: ServableManager[Version]) -> None:
 
 def test_no_version_is_503() -> None:
     manager: ServableManager[Version] = ServableManager("m")
-    with pytest.raises(ModelNotReadyError, match="model 'm' has no version loaded yet") as info:
-        with manager.acquire():
-            pass
+    with pytest.raises(ModelNotReadyError, match="model 'm' has no version loaded yet") as info, manager.acquire():
+        pass
     assert info.value.status == 503
 
 
