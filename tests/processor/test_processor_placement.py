@@ -4,6 +4,7 @@ of the original model; a checkpoint's rows replace the graph's (DESIGN §4)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from recserve import Processor
-from recserve.export import write_checkpoint
+from recserve.export import TableData, write_checkpoint, write_delta
 from recserve.export.reference import Reference
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "torch"
@@ -71,5 +72,37 @@ def test_checkpoint_rows_replace_the_graph_rows(tmp_path: Path) -> None:
         name = next(iter(got))
         assert float(np.abs(got[name] - want[name]).max()) <= 1e-6
         assert float(np.abs(got[name] - stale).max()) > 1e-3  # the new rows are served
+    finally:
+        processor.close()
+
+
+def test_imported_tables_take_incremental_updates(tmp_path: Path) -> None:
+    """A delta naming a moved initializer updates its rows in place, like any other table."""
+    fixture = "embedding_dynamo.onnx"
+    model_dir = _model_dir(tmp_path, fixture)
+    rng = np.random.default_rng(3)
+    version = write_checkpoint(
+        tmp_path / "ckpt", {"user.weight": (np.array([1], np.int64), np.ones((1, 8), np.float32))}, global_step=5
+    )
+    processor = Processor({
+        "savedmodel_dir": str(model_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
+        "enable_device_placement_optimization": True, "model_update_interval_seconds": 0.05,
+    })
+    try:
+        request = {"user_id": np.array([1, 3, 4]), "item_id": np.array([0, 1, 2]),
+                   "dense": rng.standard_normal((3, 3)).astype(np.float32)}
+        before = processor.predict(request)
+        write_delta(version, {"user.weight": TableData(np.array([3], np.int64), np.full((1, 8), -2.0, np.float32))},
+                    global_step=6)
+        deadline = time.monotonic() + 10
+        while processor.model_info()["delta_step"] != 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert processor.model_info()["delta_step"] == 6
+        after = processor.predict(request)
+        want = Reference(model_dir, tmp_path / "ckpt").predict(request)  # applies the delta
+        name = next(iter(after))
+        assert float(np.abs(after[name] - want[name]).max()) <= 1e-6
+        assert float(np.abs(after[name][1] - before[name][1]).max()) > 1e-3  # row 3 changed
+        np.testing.assert_array_equal(after[name][[0, 2]], before[name][[0, 2]])  # others did not
     finally:
         processor.close()
