@@ -33,11 +33,24 @@ class BuildNative(build_ext):
 NATIVE = [
     SharedLibrary(
         "recserve.embedding.librecserve_embedding",
-        sources=["native/embedding.c", "native/embedding_keys.c"],
+        sources=[
+            "native/embedding.c",
+            "native/embedding_keys.c",
+            "native/embedding_ssd.c",
+            "native/embedding_tier.c",
+        ],
+        depends=["native/embedding.h", "native/embedding_internal.h"],
         include_dirs=["native"],
         # No FP contraction: default rows and pooling must match the Python twin bit for bit.
         extra_compile_args=CFLAGS + ["-pthread", "-ffp-contract=off"],
         extra_link_args=["-pthread", "-lm"],
+    ),
+    SharedLibrary(
+        "recserve.processor.librecserve_codec",
+        sources=["native/codec.c"],
+        depends=["native/codec.h"],
+        include_dirs=["native"],
+        extra_compile_args=CFLAGS,
     ),
 ]
 

@@ -1,5 +1,6 @@
 /* recserve embedding engine: hash index + row storage + lock-free batch lookups.
- * The contract (layout, concurrency, status codes) is in embedding.h.
+ * The contract (layout, concurrency, status codes) is in embedding.h; tiered tables' record
+ * files are in embedding_ssd.c and their DRAM tier's policy in embedding_tier.c.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -9,67 +10,26 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "embedding.h"
+#include "embedding_internal.h"
 
-#define EMPTY_KEY (-1)            /* never a real key: -1 is padding */
-#define TOMBSTONE UINT64_MAX      /* the slot of a deleted key (and of an empty bucket) */
 #define LOAD_NUM 7                /* rebuild the index above 70% occupied buckets */
 #define LOAD_DEN 10
 #define MIN_BUCKETS 16
-#define EXTRA_SHIFT 10            /* upsert block k holds 1024 << k rows */
-#define MAX_BLOCKS 48
 #define HUGE_PAGE (2u << 20)
 
-/* Loads and lookups work through keys in groups of GROUP, one pass per memory access
- * (see pipeline()). */
-#define GROUP 512
+/* ---- index: key -> slot (the bucket layout is in embedding_internal.h) ---- */
 
-/* ---- index: key -> slot ---- */
-
-/* Buckets come four to a 64-byte line, keys first: a probe loads the line's keys with two
- * vector loads and compares them at once. Bucket p is lane p % 4 of line p / 4. */
-#define LINE_BUCKETS 4
-typedef struct {
-    _Atomic int64_t keys[LINE_BUCKETS];
-    _Atomic uint64_t slots[LINE_BUCKETS];
-} line;
-
-typedef struct {
-    line* lines;
-    uint64_t mask; /* buckets - 1 */
-    int64_t used;  /* buckets holding a key, live or deleted; writer only */
-} rs_index;
-
-typedef struct {
-    _Atomic int64_t* key;
-    _Atomic uint64_t* slot;
-} bucket;
-
-static inline bucket bucket_at(const rs_index* ix, uint64_t p) {
-    line* l = &ix->lines[p / LINE_BUCKETS];
-    return (bucket){&l->keys[p % LINE_BUCKETS], &l->slots[p % LINE_BUCKETS]};
-}
-
-static inline uint64_t hash_key(int64_t key) {
-    uint64_t h = (uint64_t)key; /* murmur3's fmix64: sequential keys spread over the table */
-    h ^= h >> 33;
-    h *= 0xFF51AFD7ED558CCDULL;
-    h ^= h >> 33;
-    h *= 0xC4CEB9FE1A85EC53ULL;
-    return h ^ (h >> 33);
-}
-
-static uint64_t index_capacity(int64_t keys) {
+uint64_t rs_index_capacity(int64_t keys) {
     uint64_t cap = MIN_BUCKETS;
     while ((uint64_t)keys * LOAD_DEN > cap * LOAD_NUM) cap <<= 1;
     return cap;
 }
 
-static int64_t index_max_used(const rs_index* ix) {
+int64_t rs_index_max_used(const rs_index* ix) {
     return (int64_t)((ix->mask + 1) / LOAD_DEN * LOAD_NUM);
 }
 
-static rs_index* index_new(uint64_t capacity) {
+rs_index* rs_index_new(uint64_t capacity) {
     rs_index* ix = malloc(sizeof *ix);
     if (!ix) return NULL;
     size_t bytes = capacity / LINE_BUCKETS * sizeof(line);
@@ -89,43 +49,13 @@ static rs_index* index_new(uint64_t capacity) {
     return ix;
 }
 
-static void index_free(rs_index* ix) {
+void rs_index_free(rs_index* ix) {
     if (!ix) return;
     free(ix->lines);
     free(ix);
 }
 
-/* A key's probe sequence (linear probing) starts at the first bucket of the line its hash
- * picks: at 60-70% load most keys then sit in that line, so a lookup costs one cache miss. */
-static inline uint64_t home_line(uint64_t h, uint64_t mask) { return (h & mask) / LINE_BUCKETS; }
-
-/* The bucket holding `key`, or the empty bucket where it would go. */
-static inline bucket index_find(const rs_index* ix, int64_t key, uint64_t h) {
-    for (uint64_t p = home_line(h, ix->mask) * LINE_BUCKETS;; p = (p + 1) & ix->mask) {
-        bucket b = bucket_at(ix, p);
-        int64_t k = atomic_load_explicit(b.key, memory_order_acquire);
-        if (k == key || k == EMPTY_KEY) return b;
-    }
-}
-
 /* ---- storage: slot -> row ---- */
-
-typedef struct {
-    int64_t dim;
-    float* base; /* block 0: the adopted values, slots [0, base_rows) */
-    uint64_t base_rows;
-    _Atomic(float*) blocks[MAX_BLOCKS]; /* upsert blocks, allocated by the writer */
-    uint64_t extra_used;                 /* writer only */
-} rs_storage;
-
-static inline float* storage_row(const rs_storage* s, uint64_t slot) {
-    if (slot < s->base_rows) return s->base + slot * (uint64_t)s->dim;
-    uint64_t e = slot - s->base_rows;
-    int k = 63 - __builtin_clzll((e >> EXTRA_SHIFT) + 1);
-    uint64_t offset = e - ((((uint64_t)1 << k) - 1) << EXTRA_SHIFT);
-    /* Relaxed is enough: the slot itself was read with acquire after this pointer was set. */
-    return atomic_load_explicit(&s->blocks[k], memory_order_relaxed) + offset * (uint64_t)s->dim;
-}
 
 static int storage_append(rs_storage* s, uint64_t* slot) {
     uint64_t e = s->extra_used;
@@ -148,17 +78,7 @@ static void storage_free(rs_storage* s) {
 
 /* ---- writer-side lists ---- */
 
-typedef struct {
-    uint64_t* items;
-    size_t len, cap;
-} slot_list;
-
-typedef struct {
-    rs_index** items;
-    size_t len, cap;
-} index_list;
-
-static int grow_array(void** items, size_t* cap, size_t need, size_t item_size) {
+int rs_grow_array(void** items, size_t* cap, size_t need, size_t item_size) {
     if (need <= *cap) return RS_OK;
     size_t cap2 = *cap ? *cap : 64;
     while (cap2 < need) cap2 *= 2;
@@ -169,41 +89,13 @@ static int grow_array(void** items, size_t* cap, size_t need, size_t item_size) 
     return RS_OK;
 }
 
-static int slot_push(slot_list* l, uint64_t v) {
-    if (grow_array((void**)&l->items, &l->cap, l->len + 1, sizeof(uint64_t))) return RS_ENOMEM;
-    l->items[l->len++] = v;
-    return RS_OK;
-}
-
 static int index_push(index_list* l, rs_index* v) {
-    if (grow_array((void**)&l->items, &l->cap, l->len + 1, sizeof(rs_index*))) return RS_ENOMEM;
+    if (rs_grow_array((void**)&l->items, &l->cap, l->len + 1, sizeof(rs_index*))) return RS_ENOMEM;
     l->items[l->len++] = v;
     return RS_OK;
 }
 
-/* ---- the table ---- */
-
-struct rs_table {
-    _Atomic(rs_index*) index;
-    rs_storage storage;
-    int64_t dim;
-    int32_t default_kind;
-    double stddev;
-    uint64_t seed;
-    _Atomic int64_t live;
-
-    /* Reader epoch (see embedding.h), on its own cache line. */
-    _Alignas(64) _Atomic uint64_t generation;
-    _Atomic int64_t in_flight[2];
-
-    /* Writer only. Retired memory moves retired -> waiting (at a generation flip) -> free
-     * (once the waiting generation has no reader left). */
-    _Alignas(64) slot_list free_slots;
-    slot_list retired_slots, waiting_slots;
-    index_list retired_indexes, waiting_indexes;
-    bool waiting;
-    int waiting_parity;
-};
+/* ---- the table (struct rs_table is in embedding_internal.h) ---- */
 
 static uint64_t reader_enter(rs_table* t) {
     for (;;) {
@@ -221,32 +113,35 @@ static void reader_exit(rs_table* t, uint64_t g) {
 
 static int release_waiting(rs_table* t) {
     slot_list* w = &t->waiting_slots;
-    if (grow_array((void**)&t->free_slots.items, &t->free_slots.cap, t->free_slots.len + w->len,
-                   sizeof(uint64_t)))
+    if (rs_grow_array((void**)&t->free_slots.items, &t->free_slots.cap, t->free_slots.len + w->len,
+                      sizeof(uint64_t)))
         return RS_ENOMEM;
     if (w->len) memcpy(t->free_slots.items + t->free_slots.len, w->items, w->len * sizeof(uint64_t));
     t->free_slots.len += w->len;
     w->len = 0;
-    for (size_t i = 0; i < t->waiting_indexes.len; i++) index_free(t->waiting_indexes.items[i]);
+    for (size_t i = 0; i < t->waiting_indexes.len; i++) rs_index_free(t->waiting_indexes.items[i]);
     t->waiting_indexes.len = 0;
+    for (size_t i = 0; i < t->waiting_segments.len; i++)
+        rs_ssd_free_segment(t->tier, t->waiting_segments.items[i]);
+    t->waiting_segments.len = 0;
     t->waiting = false;
     return RS_OK;
 }
 
+#define SWAP(type, a, b) do { type swap_ = (a); (a) = (b); (b) = swap_; } while (0)
+
 /* Advances the epoch as far as readers allow; never waits. */
-static int reclaim(rs_table* t) {
+int rs_reclaim(rs_table* t) {
     if (t->waiting && atomic_load(&t->in_flight[t->waiting_parity]) == 0) {
         if (release_waiting(t)) return RS_ENOMEM;
     }
-    if (!t->waiting && (t->retired_slots.len || t->retired_indexes.len)) {
+    if (!t->waiting &&
+        (t->retired_slots.len || t->retired_indexes.len || t->retired_segments.len)) {
         uint64_t g = atomic_load(&t->generation);
         atomic_store(&t->generation, g + 1);
-        slot_list s = t->waiting_slots;
-        t->waiting_slots = t->retired_slots;
-        t->retired_slots = s;
-        index_list x = t->waiting_indexes;
-        t->waiting_indexes = t->retired_indexes;
-        t->retired_indexes = x;
+        SWAP(slot_list, t->waiting_slots, t->retired_slots);
+        SWAP(index_list, t->waiting_indexes, t->retired_indexes);
+        SWAP(slot_list, t->waiting_segments, t->retired_segments);
         t->waiting = true;
         t->waiting_parity = (int)(g & 1);
         if (atomic_load(&t->in_flight[g & 1]) == 0) return release_waiting(t);
@@ -254,33 +149,27 @@ static int reclaim(rs_table* t) {
     return RS_OK;
 }
 
-int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t seed,
-                    const int64_t* keys, float* values, int64_t n, rs_table** out,
-                    int64_t* bad_key) {
-    *out = NULL;
-    if (dim <= 0 || n < 0 || (default_kind != RS_DEFAULT_ZEROS && default_kind != RS_DEFAULT_NORMAL))
-        return RS_EINVAL;
+rs_table* rs_table_alloc(int64_t dim, int32_t default_kind, double stddev, uint64_t seed) {
     size_t size = (sizeof(rs_table) + 63) / 64 * 64;
     rs_table* t = aligned_alloc(64, size);
-    if (!t) return RS_ENOMEM;
+    if (!t) return NULL;
     memset(t, 0, size);
     t->dim = dim;
     t->default_kind = default_kind;
     t->stddev = stddev;
     t->seed = seed;
     t->storage.dim = dim;
-    t->storage.base = values;
-    t->storage.base_rows = (uint64_t)n;
     for (int k = 0; k < MAX_BLOCKS; k++) atomic_init(&t->storage.blocks[k], NULL);
     atomic_init(&t->generation, 0);
     atomic_init(&t->in_flight[0], 0);
     atomic_init(&t->in_flight[1], 0);
+    return t;
+}
 
-    rs_index* ix = index_new(index_capacity(n));
-    if (!ix) {
-        free(t);
-        return RS_ENOMEM;
-    }
+/* Builds the index of keys[n]: key i -> slot i | tag. */
+int rs_index_load(rs_table* t, const int64_t* keys, int64_t n, uint64_t tag, int64_t* bad_key) {
+    rs_index* ix = rs_index_new(rs_index_capacity(n));
+    if (!ix) return RS_ENOMEM;
     uint64_t h[GROUP];
     for (int64_t c = 0; c < n; c += GROUP) {
         int64_t m = n - c < GROUP ? n - c : GROUP;
@@ -293,31 +182,51 @@ int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t s
             bucket b = index_find(ix, key, h[i]);
             if (key == EMPTY_KEY || atomic_load_explicit(b.key, memory_order_relaxed) == key) {
                 *bad_key = key;
-                index_free(ix);
-                free(t);
+                rs_index_free(ix);
                 return key == EMPTY_KEY ? RS_EINVAL : RS_EDUPLICATE;
             }
-            atomic_store_explicit(b.slot, (uint64_t)(c + i), memory_order_relaxed);
+            atomic_store_explicit(b.slot, (uint64_t)(c + i) | tag, memory_order_relaxed);
             atomic_store_explicit(b.key, key, memory_order_relaxed);
         }
     }
     ix->used = n;
     atomic_init(&t->live, n);
     atomic_init(&t->index, ix);
+    return RS_OK;
+}
+
+int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t seed,
+                    const int64_t* keys, float* values, int64_t n, rs_table** out,
+                    int64_t* bad_key) {
+    *out = NULL;
+    if (dim <= 0 || n < 0 || (default_kind != RS_DEFAULT_ZEROS && default_kind != RS_DEFAULT_NORMAL))
+        return RS_EINVAL;
+    rs_table* t = rs_table_alloc(dim, default_kind, stddev, seed);
+    if (!t) return RS_ENOMEM;
+    t->storage.base = values;
+    t->storage.base_rows = (uint64_t)n;
+    int status = rs_index_load(t, keys, n, 0, bad_key);
+    if (status != RS_OK) {
+        free(t);
+        return status;
+    }
     *out = t;
     return RS_OK;
 }
 
 void rs_table_free(rs_table* t) {
     if (!t) return;
-    index_free(atomic_load(&t->index));
-    for (size_t i = 0; i < t->retired_indexes.len; i++) index_free(t->retired_indexes.items[i]);
-    for (size_t i = 0; i < t->waiting_indexes.len; i++) index_free(t->waiting_indexes.items[i]);
+    if (t->tier) rs_tier_destroy(t); /* first: no eviction thread may touch t after this */
+    rs_index_free(atomic_load(&t->index));
+    for (size_t i = 0; i < t->retired_indexes.len; i++) rs_index_free(t->retired_indexes.items[i]);
+    for (size_t i = 0; i < t->waiting_indexes.len; i++) rs_index_free(t->waiting_indexes.items[i]);
     free(t->retired_indexes.items);
     free(t->waiting_indexes.items);
     free(t->free_slots.items);
     free(t->retired_slots.items);
     free(t->waiting_slots.items);
+    free(t->retired_segments.items);
+    free(t->waiting_segments.items);
     storage_free(&t->storage);
     free(t);
 }
@@ -362,21 +271,58 @@ static inline unsigned line_match(const line* l, int64_t key) {
 }
 #endif
 
-/* The row of `key`: NULL for padding, MISSING_ROW for an unknown key. A key lies in the
- * first line of its probe sequence with a match, and never beyond a line with an empty
+#define PADDING_SLOT (UINT64_MAX - 1) /* probe's answer for padding; never a stored slot */
+
+/* The slot of `key`: PADDING_SLOT for padding, TOMBSTONE for an unknown key. A key lies in
+ * the first line of its probe sequence with a match, and never beyond a line with an empty
  * bucket (keys are never removed from an index, only their slots). */
-static inline const float* probe(const rs_table* t, const line* lines, uint64_t line_mask,
-                                 int64_t key, uint64_t home) {
-    if (key == EMPTY_KEY) return NULL;
+static inline uint64_t probe(const line* lines, uint64_t line_mask, int64_t key, uint64_t home) {
+    if (key == EMPTY_KEY) return PADDING_SLOT;
     for (uint64_t g = home;; g = (g + 1) & line_mask) {
         unsigned match = line_match(&lines[g], key);
-        if (match) {
-            uint64_t slot =
-                atomic_load_explicit(&lines[g].slots[__builtin_ctz(match)], memory_order_acquire);
-            return slot == TOMBSTONE ? MISSING_ROW : storage_row(&t->storage, slot);
-        }
-        if (line_match(&lines[g], EMPTY_KEY)) return MISSING_ROW;
+        if (match)
+            return atomic_load_explicit(&lines[g].slots[__builtin_ctz(match)], memory_order_acquire);
+        if (line_match(&lines[g], EMPTY_KEY)) return TOMBSTONE;
     }
+}
+
+/* What one lookup call did on a tiered table's tiers. */
+typedef struct {
+    float* rows;       /* RS_IO_PREAD: room for a group of rows read from record files */
+    int status;        /* RS_EIO once a record could not be read */
+    int64_t dram, ssd; /* ids served from each tier */
+    uint64_t phase;    /* ids at positions k with (k + phase) % SAMPLE_EVERY == 0 are logged */
+} tier_reads;
+
+#define SAMPLE_EVERY 4
+
+/* The row of an SSD record: in its file's mapping, or read into the call's buffer. */
+static const float* ssd_row(const rs_tier* tier, uint64_t record, int64_t dim, int64_t i,
+                            tier_reads* reads) {
+    reads->ssd++;
+    if (tier->io == RS_IO_MMAP) return ssd_mapped_row(tier, record);
+    float* dst = reads->rows + i * dim;
+    if (rs_ssd_read(tier, record, dst) != RS_OK) {
+        reads->status = RS_EIO;
+        return MISSING_ROW;
+    }
+    return dst;
+}
+
+/* Appends the sampled keys of a group to the access log with one atomic add; the eviction
+ * threads read it (lossy: a lap overwrites what they have not read). */
+static void log_accesses(rs_tier* tier, const int64_t* keys, const float* const* rows, int64_t m,
+                         uint64_t phase) {
+    int64_t sampled[GROUP / SAMPLE_EVERY + 1];
+    int64_t count = 0;
+    for (int64_t i = (int64_t)((SAMPLE_EVERY - phase % SAMPLE_EVERY) % SAMPLE_EVERY); i < m;
+         i += SAMPLE_EVERY)
+        if (rows[i] != NULL && rows[i] != MISSING_ROW) sampled[count++] = keys[i];
+    if (count == 0) return;
+    uint64_t at = atomic_fetch_add_explicit(&tier->log_head, (uint64_t)count, memory_order_relaxed);
+    for (int64_t j = 0; j < count; j++)
+        atomic_store_explicit(&tier->log[(at + (uint64_t)j) & (ACCESS_LOG - 1)], sampled[j],
+                              memory_order_relaxed);
 }
 
 /* Every cache line of the row: one prefetch per 64 bytes, and one for its last byte. */
@@ -414,14 +360,15 @@ static inline void pool_row(const rs_table* t, int64_t key, const float* row, fl
 enum { EMIT, POOL, CONTAINS };
 
 /* A lookup does three passes over each group of GROUP ids: hash every id and prefetch its
- * home line; probe every id (its line has arrived meanwhile) and prefetch its row; then
+ * home line; probe every id (its line has arrived meanwhile) and prefetch its row (a record
+ * of a tiered table's SSD tier is prefetched from its file's mapping, or read); then
  * copy, pool or test every id. Each pass issues its cache misses back to back, so the
  * memory system always has as many in flight as it can take, although every row address
  * depends on a bucket read first; a group's lines and rows (~100 KB) stay in L2 between
  * passes. Pooling consumes ids in order, so float32 sums are in id order. */
 static inline __attribute__((always_inline)) void pipeline(
     const rs_table* t, const rs_index* ix, const int64_t* ids, int64_t n, int mode,
-    int64_t width, float* out, uint8_t* found, float* scratch) {
+    int64_t width, float* out, uint8_t* found, float* scratch, tier_reads* reads) {
     uint64_t homes[GROUP];
     const float* rows[GROUP];
     const line* lines = ix->lines;
@@ -438,10 +385,22 @@ static inline __attribute__((always_inline)) void pipeline(
             __builtin_prefetch(&lines[h]);
         }
         for (int64_t i = 0; i < m; i++) {
-            const float* row = probe(t, lines, line_mask, group[i], homes[i]);
+            const uint64_t slot = probe(lines, line_mask, group[i], homes[i]);
+            const float* row;
+            if (slot < SSD_TAG) {
+                row = storage_row(&t->storage, slot);
+                if (reads) reads->dram++;
+            } else if (slot >= PADDING_SLOT) {
+                row = slot == PADDING_SLOT ? NULL : MISSING_ROW;
+            } else if (mode == CONTAINS) {
+                row = (const float*)group; /* any pointer but NULL and MISSING_ROW: found */
+            } else {
+                row = ssd_row(t->tier, slot - SSD_TAG, dim, i, reads);
+            }
             rows[i] = row;
             if (mode != CONTAINS) prefetch_row(row, bytes);
         }
+        if (reads && mode != CONTAINS) log_accesses(t->tier, group, rows, m, reads->phase + c);
         for (int64_t i = 0; i < m; i++) {
             const int64_t k = c + i;
             if (mode == EMIT) {
@@ -470,6 +429,25 @@ static void scale_pooled(const int64_t* ids, int64_t n_rows, int64_t width, int6
     }
 }
 
+/* A tiered table's per-call read state; reads->rows is freed by tier_reads_end. */
+static int tier_reads_begin(const rs_table* t, tier_reads* reads) {
+    static _Thread_local uint64_t calls;
+    memset(reads, 0, sizeof *reads);
+    reads->phase = hash_key((int64_t)++calls); /* a fresh sampling phase per call */
+    if (t->tier->io == RS_IO_PREAD) {
+        reads->rows = malloc((size_t)GROUP * (size_t)t->dim * sizeof(float));
+        if (!reads->rows) return RS_ENOMEM;
+    }
+    return RS_OK;
+}
+
+static int tier_reads_end(const rs_table* t, tier_reads* reads) {
+    atomic_fetch_add_explicit(&t->tier->hits, reads->dram, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->tier->misses, reads->ssd, memory_order_relaxed);
+    free(reads->rows);
+    return reads->status;
+}
+
 static int run_task(const rs_lookup_task* task) {
     rs_table* t = task->table;
     const int64_t combiner = task->combiner, width = task->width, n_rows = task->rows;
@@ -484,14 +462,23 @@ static int run_task(const rs_lookup_task* task) {
             if (!scratch) return RS_ENOMEM;
         }
     }
+    tier_reads tier_state, *reads = NULL;
+    if (t->tier) {
+        if (tier_reads_begin(t, &tier_state) != RS_OK) {
+            free(scratch);
+            return RS_ENOMEM;
+        }
+        reads = &tier_state;
+    }
     uint64_t g = reader_enter(t);
     const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
     if (combiner == RS_COMBINER_NONE)
-        pipeline(t, ix, task->ids, n, EMIT, width, task->out, NULL, NULL);
+        pipeline(t, ix, task->ids, n, EMIT, width, task->out, NULL, NULL, reads);
     else
-        pipeline(t, ix, task->ids, n, POOL, width, task->out, NULL, scratch);
+        pipeline(t, ix, task->ids, n, POOL, width, task->out, NULL, scratch, reads);
     reader_exit(t, g);
     free(scratch);
+    if (reads && tier_reads_end(t, reads) != RS_OK) return RS_EIO;
     if (combiner == RS_COMBINER_MEAN || combiner == RS_COMBINER_SQRTN)
         scale_pooled(task->ids, n_rows, width, dim, combiner, task->out);
     return RS_OK;
@@ -514,7 +501,7 @@ int rs_table_lookup(rs_table* t, const int64_t* ids, int64_t rows, int64_t width
 int rs_table_contains(rs_table* t, const int64_t* keys, int64_t n, uint8_t* out) {
     uint64_t g = reader_enter(t);
     const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
-    pipeline(t, ix, keys, n, CONTAINS, 1, NULL, out, NULL);
+    pipeline(t, ix, keys, n, CONTAINS, 1, NULL, out, NULL, NULL);
     reader_exit(t, g);
     return RS_OK;
 }
@@ -524,6 +511,7 @@ int64_t rs_table_snapshot(rs_table* t, int64_t* keys, float* values, int64_t cap
     const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
     const size_t bytes = (size_t)t->dim * sizeof(float);
     int64_t count = 0;
+    bool failed = false;
     for (uint64_t i = 0; i <= ix->mask; i++) {
         bucket b = bucket_at(ix, i);
         int64_t k = atomic_load_explicit(b.key, memory_order_acquire);
@@ -532,12 +520,17 @@ int64_t rs_table_snapshot(rs_table* t, int64_t* keys, float* values, int64_t cap
         if (slot == TOMBSTONE) continue;
         if (count < capacity) {
             keys[count] = k;
-            memcpy(values + count * t->dim, storage_row(&t->storage, slot), bytes);
+            if (slot < SSD_TAG) {
+                memcpy(values + count * t->dim, storage_row(&t->storage, slot), bytes);
+            } else if (rs_ssd_read(t->tier, slot - SSD_TAG, values + count * t->dim) != RS_OK) {
+                failed = true;
+                break;
+            }
         }
         count++;
     }
     reader_exit(t, g);
-    return count;
+    return failed ? -1 : count;
 }
 
 int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, int64_t* out) {
@@ -563,10 +556,10 @@ int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, int64_t* 
 /* ---- the writer ---- */
 
 /* Rebuilds the index with room to spare; readers keep the old one until they are done. */
-static int rebuild_index(rs_table* t) {
+int rs_rebuild_index(rs_table* t) {
     rs_index* old = atomic_load_explicit(&t->index, memory_order_relaxed);
     int64_t live = atomic_load_explicit(&t->live, memory_order_relaxed);
-    rs_index* ix = index_new(index_capacity(2 * (live + 1)));
+    rs_index* ix = rs_index_new(rs_index_capacity(2 * (live + 1)));
     if (!ix) return RS_ENOMEM;
     for (uint64_t i = 0; i <= old->mask; i++) {
         bucket from = bucket_at(old, i);
@@ -579,7 +572,7 @@ static int rebuild_index(rs_table* t) {
         ix->used++;
     }
     if (index_push(&t->retired_indexes, old)) {
-        index_free(ix);
+        rs_index_free(ix);
         return RS_ENOMEM;
     }
     atomic_store_explicit(&t->index, ix, memory_order_release);
@@ -591,8 +584,8 @@ static int upsert_one(rs_table* t, int64_t key, const float* row) {
     uint64_t h = hash_key(key);
     bucket b = index_find(ix, key, h);
     bool is_new = atomic_load_explicit(b.key, memory_order_relaxed) != key;
-    if (is_new && ix->used + 1 > index_max_used(ix)) {
-        if (rebuild_index(t)) return RS_ENOMEM;
+    if (is_new && ix->used + 1 > rs_index_max_used(ix)) {
+        if (rs_rebuild_index(t)) return RS_ENOMEM;
         ix = atomic_load_explicit(&t->index, memory_order_relaxed);
         b = index_find(ix, key, h);
     }
@@ -622,16 +615,18 @@ static int upsert_one(rs_table* t, int64_t key, const float* row) {
 int rs_table_upsert(rs_table* t, const int64_t* keys, const float* values, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (keys[i] == EMPTY_KEY) return RS_EINVAL;
-    int status = reclaim(t);
+    if (t->tier) return rs_tier_upsert(t, keys, values, n);
+    int status = rs_reclaim(t);
     for (int64_t i = 0; i < n && status == RS_OK; i++) {
         status = upsert_one(t, keys[i], values + i * t->dim);
     }
-    int after = reclaim(t);
+    int after = rs_reclaim(t);
     return status != RS_OK ? status : after;
 }
 
 int rs_table_delete(rs_table* t, const int64_t* keys, int64_t n) {
-    int status = reclaim(t);
+    if (t->tier) return rs_tier_delete(t, keys, n);
+    int status = rs_reclaim(t);
     rs_index* ix = atomic_load_explicit(&t->index, memory_order_relaxed);
     for (int64_t i = 0; i < n && status == RS_OK; i++) {
         if (keys[i] == EMPTY_KEY) continue;
@@ -643,6 +638,6 @@ int rs_table_delete(rs_table* t, const int64_t* keys, int64_t n) {
         atomic_fetch_sub(&t->live, 1);
         status = slot_push(&t->retired_slots, old);
     }
-    int after = reclaim(t);
+    int after = rs_reclaim(t);
     return status != RS_OK ? status : after;
 }

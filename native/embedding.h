@@ -22,6 +22,16 @@
  * writer never waits for readers: reclamation is attempted at the start and end of each
  * write call, and while it is pending new rows go to fresh storage.
  *
+ * Tiers. A table made by rs_tiered_create keeps every row in record files (the SSD tier,
+ * embedding_ssd.c) and the hottest rows also in a fixed DRAM tier (embedding_tier.c); a
+ * bucket's slot says which: a DRAM slot, or an SSD record (SSD_TAG). Lookups read either
+ * inside the same call; a record is appended and written before its number is published and
+ * is never overwritten, and a record file is removed only after the same grace period as
+ * a slot, so "entirely old or entirely new" holds on both tiers. Every mutation of a tiered
+ * table (writer calls, the eviction threads, compaction) holds the table's mutex; lookups
+ * never take it, and sample a quarter of their ids into a lossy ring the eviction threads
+ * drain to decide admission and eviction (LFU or LRU).
+ *
  * Status codes: every function that can fail returns an int (RS_OK = 0).
  * Strings for rs_xxh64_batch are UTF-8 bytes; XXH64 with seed 0, read as int64.
  * The host must be little-endian (x86_64, aarch64).
@@ -39,7 +49,11 @@ enum {
     RS_EDUPLICATE = 2,  /* create: a key appears twice (reported in *bad_key) */
     RS_EINVAL = 3,      /* bad argument: unknown combiner, dim <= 0, ... */
     RS_EEMPTY = 4,      /* sample: the table has no rows */
+    RS_EIO = 5,         /* a record file could not be created, written or read */
+    RS_ENOSPC = 6,      /* the SSD tier's byte budget cannot hold the rows */
 };
+enum { RS_POLICY_LFU = 0, RS_POLICY_LRU = 1 };
+enum { RS_IO_MMAP = 0, RS_IO_PREAD = 1 };
 
 enum { RS_COMBINER_NONE = 0, RS_COMBINER_SUM = 1, RS_COMBINER_MEAN = 2, RS_COMBINER_SQRTN = 3 };
 enum { RS_DEFAULT_ZEROS = 0, RS_DEFAULT_NORMAL = 1 };
@@ -63,22 +77,65 @@ typedef struct {
 RS_API int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t seed,
                            const int64_t* keys, float* values, int64_t n,
                            rs_table** out, int64_t* bad_key);
+/* Frees the table; a tiered one stops its eviction work and deletes its record files. */
 RS_API void rs_table_free(rs_table* t);
 RS_API int64_t rs_table_size(rs_table* t);
 /* Rows the storage holds (live, retired and free): for tests of slot recycling. */
 RS_API int64_t rs_table_storage_rows(rs_table* t);
+
+/* A tiered table's configuration. Every field is 8 bytes (ctypes fills it as int64s). */
+typedef struct {
+    const char* path;         /* existing directory the table owns: its record files go here */
+    int64_t dram_bytes;       /* DRAM tier budget: rs_tier_capacity slots fit in it */
+    int64_t ssd_bytes;        /* SSD tier budget: record bytes in files not yet compacted away */
+    int64_t segment_bytes;    /* size of one record file */
+    int64_t policy;           /* RS_POLICY_* */
+    int64_t io;               /* RS_IO_*: how lookups read records */
+    int64_t async_compaction; /* 0: writer calls compact; 1: the eviction threads do */
+    int64_t eviction_threads; /* the process-wide pool grows to at least this many threads */
+} rs_tier_config;
+
+/* DRAM slots (rows) a budget of dram_bytes holds: a row plus its per-slot metadata each. */
+RS_API int64_t rs_tier_capacity(int64_t dim, int64_t dram_bytes);
+/* Of those, the slots admission leaves free for write-through updates of resident keys;
+ * rs_tiered_create takes at most capacity - reserve resident rows. */
+RS_API int64_t rs_tier_write_reserve(int64_t capacity);
+/* Builds a tiered table over keys[n] and values[n, dim], which it copies (to record files,
+ * in chunks, and rows resident[0..n_resident) of them to DRAM): the caller keeps the arrays.
+ * resident must hold distinct rows, at most rs_tier_capacity - rs_tier_write_reserve.
+ * *detail receives the duplicate key (RS_EDUPLICATE) or errno (RS_EIO). */
+RS_API int rs_tiered_create(int64_t dim, int32_t default_kind, double stddev, uint64_t seed,
+                            const int64_t* keys, const float* values, int64_t n,
+                            const int64_t* resident, int64_t n_resident,
+                            const rs_tier_config* config, rs_table** out, int64_t* detail);
+/* RS_TIER_STATS counters (see the enum) of a tiered table; RS_EINVAL for a DRAM table. */
+enum {
+    RS_STAT_DRAM_CAPACITY, RS_STAT_DRAM_ROWS, RS_STAT_DRAM_BYTES, RS_STAT_INDEX_BYTES,
+    RS_STAT_SSD_SEGMENTS, RS_STAT_SSD_RECORDS, RS_STAT_SSD_LIVE_RECORDS, RS_STAT_SSD_BYTES,
+    RS_STAT_HITS, RS_STAT_MISSES, RS_STAT_PROMOTIONS, RS_STAT_EVICTIONS, RS_STAT_COMPACTIONS,
+    RS_TIER_STATS
+};
+RS_API int rs_tier_stats(rs_table* t, int64_t* out);
+/* Runs one admission/eviction round now, as an eviction thread would (then compaction if
+ * it is due and asynchronous). For tests and benchmarks; never needed for correctness. */
+RS_API int rs_tier_maintain(rs_table* t);
+/* Compacts every record file holding garbage, now. */
+RS_API int rs_tier_compact(rs_table* t);
 
 /* Readers. */
 RS_API int rs_lookup(const rs_lookup_task* tasks, int64_t n_tasks);
 RS_API int rs_table_lookup(rs_table* t, const int64_t* ids, int64_t rows, int64_t width,
                            int64_t combiner, float* out);
 RS_API int rs_table_contains(rs_table* t, const int64_t* keys, int64_t n, uint8_t* out);
-/* Writes up to `capacity` live rows; returns the number of live rows seen (retry if larger). */
+/* Writes up to `capacity` live rows; returns the number of live rows seen (retry if larger),
+ * or -1 if a record of the SSD tier could not be read. */
 RS_API int64_t rs_table_snapshot(rs_table* t, int64_t* keys, float* values, int64_t capacity);
 /* For each position, the first live key at or after it in index order (wrapping). */
 RS_API int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, int64_t* out);
 
-/* The writer (one at a time). keys must not hold -1; within a batch the last write wins. */
+/* The writer (one at a time). keys must not hold -1; within a batch the last write wins.
+ * On a tiered table every row is appended to the SSD tier; a key whose row is in DRAM gets
+ * its new row there as well (write-through). RS_ENOSPC: nothing was applied. */
 RS_API int rs_table_upsert(rs_table* t, const int64_t* keys, const float* values, int64_t n);
 RS_API int rs_table_delete(rs_table* t, const int64_t* keys, int64_t n);
 

@@ -6,6 +6,9 @@
     plan = LookupPlan([(t, "none"), (items, "sum")])
     user_emb, item_emb = plan.run([user_ids, item_ids])   # one native call per request
 
+Tables larger than RAM: ``EmbeddingTable(..., storage=TierSpec(...))`` keeps every row in
+record files and the hottest in a DRAM tier of a fixed budget (``tiers.py``, docs/tiers.md).
+
 The native engine (native/embedding.h: hash index + row storage, lock-free readers, one
 writer) is used unless ``RECSERVE_PURE_PYTHON=1`` is set when this package is imported; then
 the pure-Python twin (``_pure.py``), which defines the same API and computes the same bits,
@@ -70,4 +73,14 @@ else:
 
     IMPLEMENTATION = "native"
 
-__all__ = ["IMPLEMENTATION", "EmbeddingTable", "LookupPlan", "default_vectors", "string_keys"]
+from recserve.embedding.tiers import TierSpec, tier_spec
+
+__all__ = [
+    "IMPLEMENTATION",
+    "EmbeddingTable",
+    "LookupPlan",
+    "TierSpec",
+    "default_vectors",
+    "string_keys",
+    "tier_spec",
+]

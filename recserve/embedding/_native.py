@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,15 +17,36 @@ from typing import Any, cast
 
 import numpy as np
 
-from recserve.embedding import _inputs
-from recserve.errors import InternalError
+from recserve.embedding import _inputs, tiers
+from recserve.errors import InternalError, StorageError
 from recserve.model_spec import DefaultSpec
 
-_OK, _ENOMEM, _EDUPLICATE, _EINVAL, _EEMPTY = range(5)
+_OK, _ENOMEM, _EDUPLICATE, _EINVAL, _EEMPTY, _EIO, _ENOSPC = range(7)
+# rs_tier_stats's counters, in the order of RS_STAT_* (native/embedding.h).
+_TIER_STATS = (
+    "dram_capacity", "dram_rows", "dram_bytes", "index_bytes", "ssd_segments", "ssd_records",
+    "ssd_live_records", "ssd_bytes", "hits", "misses", "promotions", "evictions", "compactions",
+)
 _TASK_FIELDS = 6  # rs_lookup_task: table, ids, out, rows, width, combiner (8 bytes each)
 
 _p = ctypes.c_void_p
 _i64 = ctypes.c_int64
+
+
+class _TierConfig(ctypes.Structure):
+    """rs_tier_config."""
+
+    _fields_ = [
+        ("path", ctypes.c_char_p),
+        ("dram_bytes", _i64),
+        ("ssd_bytes", _i64),
+        ("segment_bytes", _i64),
+        ("policy", _i64),
+        ("io", _i64),
+        ("async_compaction", _i64),
+        ("eviction_threads", _i64),
+    ]
+
 
 
 def _load() -> ctypes.CDLL:
@@ -51,6 +73,27 @@ def _load() -> ctypes.CDLL:
                 ctypes.POINTER(_i64),
             ],
         ),
+        "rs_tiered_create": (
+            ctypes.c_int,
+            [
+                _i64,
+                ctypes.c_int32,
+                ctypes.c_double,
+                ctypes.c_uint64,
+                _p,
+                _p,
+                _i64,
+                _p,
+                _i64,
+                ctypes.POINTER(_TierConfig),
+                ctypes.POINTER(_p),
+                ctypes.POINTER(_i64),
+            ],
+        ),
+        "rs_tier_capacity": (_i64, [_i64, _i64]),
+        "rs_tier_stats": (ctypes.c_int, [_p, _p]),
+        "rs_tier_maintain": (ctypes.c_int, [_p]),
+        "rs_tier_compact": (ctypes.c_int, [_p]),
         "rs_table_free": (None, [_p]),
         "rs_table_size": (_i64, [_p]),
         "rs_table_storage_rows": (_i64, [_p]),
@@ -87,6 +130,13 @@ def _address(a: np.ndarray) -> int:
 def _check(status: int, what: str) -> None:
     if status == _ENOMEM:
         raise MemoryError(f"embedding engine: out of memory during {what}")
+    if status == _EIO:
+        raise StorageError(f"embedding engine: {what} failed reading or writing the SSD tier")
+    if status == _ENOSPC:
+        raise StorageError(
+            f"embedding engine: {what} needs more SSD tier space than its ssd_bytes budget "
+            "(ev_storage_size[1]) allows even after compaction; nothing was applied"
+        )
     if status != _OK:
         raise InternalError(f"embedding engine: {what} failed with status {status}")
 
@@ -98,9 +148,15 @@ class EmbeddingTable:
     array; the table then owns it (later upserts may recycle its rows), so pass a copy if
     you keep using yours. Otherwise it is copied once.
 
+    With `storage` (a TierSpec, see tiers.py) the table is tiered: every row goes to record
+    files under storage.ssd_path, written in chunks, and the rows with the highest `freqs`
+    (the first ones without freqs) to a DRAM tier of storage.dram_bytes; the arrays are not
+    kept. close() (or garbage collection) deletes the files.
+
     Thread-safety: lookup, contains, snapshot and sample_keys may run from any number of
     threads, lock-free, concurrently with upsert/delete; writers serialise on an internal
-    lock. A reader sees each row entirely old or entirely new (native/embedding.h).
+    lock. A reader sees each row entirely old or entirely new (native/embedding.h), whatever
+    tier it comes from. close() must not race with any other call.
     """
 
     def __init__(
@@ -113,17 +169,19 @@ class EmbeddingTable:
         default: DefaultSpec = _inputs.ZEROS,
         freqs: np.ndarray | None = None,
         versions: np.ndarray | None = None,
+        storage: tiers.TierSpec | None = None,
     ) -> None:
         self._handle: int | None = None
         self._name = name
         where = f"table {name!r}"
         self._dim = _inputs.check_dim(where, dim)
         self._default = _inputs.check_default(where, default)
-        keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=True)
+        self._storage = storage
+        keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=storage is None)
         _inputs.check_column(where, "freqs", freqs, len(keys))
         _inputs.check_column(where, "versions", versions, len(keys))
-        handle, bad_key = _p(), _i64()
-        status = _LIB.rs_table_create(
+        handle, detail = _p(), _i64()
+        default_args = (
             self._dim,
             int(self._default.kind == "normal"),
             self._default.stddev,
@@ -131,20 +189,104 @@ class EmbeddingTable:
             _address(keys),
             _address(values),
             len(keys),
-            ctypes.byref(handle),
-            ctypes.byref(bad_key),
         )
+        self._values: np.ndarray | None = None
+        if storage is None:
+            status = _LIB.rs_table_create(*default_args, ctypes.byref(handle), ctypes.byref(detail))
+            self._values = values  # storage block 0 lives in this array
+        else:
+            status = self._create_tiered(where, storage, default_args, freqs, handle, detail)
         if status == _EDUPLICATE:
-            raise ValueError(f"{where}: key {bad_key.value} occurs more than once in keys")
+            raise ValueError(f"{where}: key {detail.value} occurs more than once in keys")
         _check(status, f"loading {where}")
-        self._values = values  # storage block 0 lives in this array
         self._handle = handle.value
         self._writer = threading.Lock()
 
+    def _create_tiered(
+        self,
+        where: str,
+        storage: tiers.TierSpec,
+        default_args: tuple[Any, ...],
+        freqs: np.ndarray | None,
+        handle: ctypes.c_void_p,
+        detail: ctypes.c_int64,
+    ) -> int:
+        config = tiers.settings(where, storage)
+        n = default_args[-1]
+        capacity = int(_LIB.rs_tier_capacity(self._dim, config.dram_bytes))
+        resident = tiers.resident_rows(capacity, freqs, n)
+        record_bytes = n * (8 + 4 * self._dim)
+        if record_bytes > config.ssd_bytes:
+            raise StorageError(
+                f"{where}: its {n} rows need {record_bytes} bytes in the SSD tier, more than "
+                f"its ssd_bytes budget (ev_storage_size[1]) of {config.ssd_bytes}"
+            )
+        try:
+            tiers.prepare_directory(config.ssd_path)
+        except OSError as exc:
+            raise StorageError(f"{where}: cannot use {config.ssd_path} for the SSD tier ({exc})") from exc
+        self._tier_config = _TierConfig(
+            os.fsencode(config.ssd_path),
+            config.dram_bytes,
+            config.ssd_bytes,
+            config.segment_bytes,
+            config.policy,
+            config.io,
+            int(config.async_compaction),
+            config.eviction_threads,
+        )
+        status = int(
+            _LIB.rs_tiered_create(
+                *default_args,
+                _address(resident),
+                len(resident),
+                ctypes.byref(self._tier_config),
+                ctypes.byref(handle),
+                ctypes.byref(detail),
+            )
+        )
+        if status != _OK:
+            tiers.remove_directory(config.ssd_path, storage.prune_up_to)
+        if status == _EIO:
+            raise StorageError(
+                f"{where}: cannot write the SSD tier under {config.ssd_path} "
+                f"({os.strerror(detail.value) if detail.value else 'I/O error'})"
+            )
+        return status
+
     def __del__(self) -> None:
-        if self._handle is not None:
-            _LIB.rs_table_free(self._handle)
-            self._handle = None
+        self.close()
+
+    def close(self) -> None:
+        """Frees the table (and deletes a tiered table's files). Idempotent; no lookup, write
+        or LookupPlan over this table may run during or after it."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is None:
+            return
+        _LIB.rs_table_free(handle)
+        storage = getattr(self, "_storage", None)
+        if storage is not None:
+            tiers.remove_directory(Path(storage.ssd_path), storage.prune_up_to)
+
+    @property
+    def storage(self) -> tiers.TierSpec | None:
+        return self._storage
+
+    def tier_stats(self) -> dict[str, int] | None:
+        """A tiered table's counters (docs/tiers.md); None for a DRAM table."""
+        if self._storage is None:
+            return None
+        out = np.zeros(len(_TIER_STATS), dtype=np.int64)
+        _check(_LIB.rs_tier_stats(self._handle, _address(out)), "tier_stats")
+        return dict(zip(_TIER_STATS, out.tolist()))
+
+    def _maintain(self) -> None:
+        """Runs one admission/eviction round now (tests, benchmarks)."""
+        _check(_LIB.rs_tier_maintain(self._handle), "tier maintenance")
+
+    def _compact(self) -> None:
+        """Compacts every record file holding garbage now (tests)."""
+        _check(_LIB.rs_tier_compact(self._handle), "compaction")
 
     @property
     def name(self) -> str:
@@ -221,6 +363,8 @@ class EmbeddingTable:
             keys = np.empty(capacity, dtype=np.int64)
             values = np.empty((capacity, self._dim), dtype=np.float32)
             seen = _LIB.rs_table_snapshot(self._handle, _address(keys), _address(values), capacity)
+            if seen < 0:
+                _check(_EIO, f"snapshot of table {self._name!r}")
             if seen <= capacity:
                 return keys[:seen], values[:seen]
             capacity = seen + seen // 8

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recserve.embedding import _inputs
+from recserve.embedding import _inputs, tiers
 from recserve.embedding._purekeys import default_rows, string_key
+from recserve.embedding._puretier import TierStore
 from recserve.model_spec import COMBINERS, DefaultSpec
 
 _MISSING = -1
@@ -20,10 +21,14 @@ _MISSING = -1
 class EmbeddingTable:
     """int64 key -> float32 row of `dim`, with a default for unknown keys.
 
+    With `storage` (a TierSpec) the rows live in a TierStore (_puretier.py): a record file
+    and a DRAM tier, with the native engine's semantics.
+
     Thread-safety: lookup, contains, snapshot and sample_keys may run from any number of
     threads concurrently with upsert/delete (writers serialise on an internal lock). A key's
     row is written to a fresh slot before the key is pointed at it, and slots are never
-    reused, so a reader sees each row entirely old or entirely new.
+    reused, so a reader sees each row entirely old or entirely new. close() must not race
+    with any other call.
     """
 
     def __init__(
@@ -36,17 +41,24 @@ class EmbeddingTable:
         default: DefaultSpec = _inputs.ZEROS,
         freqs: np.ndarray | None = None,
         versions: np.ndarray | None = None,
+        storage: tiers.TierSpec | None = None,
     ) -> None:
         self._name = name
         where = f"table {name!r}"
         self._dim = _inputs.check_dim(where, dim)
         self._default = _inputs.check_default(where, default)
-        keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=True)
+        self._storage = storage
+        self._tier: TierStore | None = None
+        keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=storage is None)
         _inputs.check_column(where, "freqs", freqs, len(keys))
         _inputs.check_column(where, "versions", versions, len(keys))
         duplicate = _inputs.duplicate_key(keys)
         if duplicate is not None:
             raise ValueError(f"table {name!r}: key {duplicate} occurs more than once in keys")
+        if storage is not None:
+            self._tier = TierStore(where, self._dim, keys, values, freqs, storage)
+            self._writer = self._tier.lock
+            return
         self._base = values  # slots [0, N): the adopted values
         self._extra = np.empty((0, self._dim), dtype=np.float32)  # slots N.. (grows by copy)
         self._extra_used = 0
@@ -65,8 +77,32 @@ class EmbeddingTable:
     def default(self) -> DefaultSpec:
         return self._default
 
+    @property
+    def storage(self) -> tiers.TierSpec | None:
+        return self._storage
+
     def __len__(self) -> int:
-        return len(self._slots)
+        return len(self._tier) if self._tier is not None else len(self._slots)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Deletes a tiered table's files; idempotent. No call may race with or follow it."""
+        tier, self._tier = getattr(self, "_tier", None), None
+        if tier is not None:
+            tier.close()
+
+    def tier_stats(self) -> dict[str, int] | None:
+        return None if self._tier is None else self._tier.tier_stats()
+
+    def _maintain(self) -> None:
+        if self._tier is not None:
+            self._tier.maintain()
+
+    def _compact(self) -> None:
+        if self._tier is not None:
+            self._tier.compact()
 
     def _resolve(self, keys: np.ndarray) -> np.ndarray:
         get = self._slots.get
@@ -76,6 +112,9 @@ class EmbeddingTable:
 
     def _rows(self, keys: np.ndarray) -> np.ndarray:
         """[n, dim]: the row of each key, zeros for padding, the default for unknown keys."""
+        if self._tier is not None:
+            rows, found = self._tier.rows(keys)
+            return self._with_defaults(keys, rows, ~found)
         slots = self._resolve(keys)
         # Read the storage only after resolving: any slot seen is already in it.
         base, extra = self._base, self._extra
@@ -84,7 +123,10 @@ class EmbeddingTable:
         in_extra = slots >= len(base)
         rows[in_base] = base[slots[in_base]]
         rows[in_extra] = extra[slots[in_extra] - len(base)]
-        unknown = (slots == _MISSING) & (keys != _inputs.PADDING)
+        return self._with_defaults(keys, rows, slots == _MISSING)
+
+    def _with_defaults(self, keys: np.ndarray, rows: np.ndarray, absent: np.ndarray) -> np.ndarray:
+        unknown = absent & (keys != _inputs.PADDING)
         if self._default.kind == "normal" and unknown.any():
             rows[unknown] = default_vectors(self._default, keys[unknown], self._dim)
         return rows
@@ -120,17 +162,23 @@ class EmbeddingTable:
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         keys = _inputs.check_keys(f"table {self._name!r}", keys)
+        if self._tier is not None:
+            return self._tier.contains(keys.reshape(-1)).reshape(keys.shape)
         found: np.ndarray = self._resolve(keys.reshape(-1)) != _MISSING
         return found.reshape(keys.shape)
 
     def sample_keys(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        keys = np.array(list(self._slots), dtype=np.int64)
+        keys = np.array(self._stored_keys(), dtype=np.int64)
         if n > 0 and len(keys) == 0:
             raise ValueError(f"table {self._name!r} has no rows to sample keys from")
         return rng.choice(keys, size=n) if n > 0 else np.empty(0, dtype=np.int64)
 
     def upsert(self, keys: np.ndarray, values: np.ndarray) -> None:
         keys, values = _inputs.check_rows(f"table {self._name!r}", self._dim, keys, values)
+        if self._tier is not None:
+            with self._writer:
+                self._tier.upsert(keys, values)
+            return
         with self._writer:
             start, need = self._extra_used, self._extra_used + len(keys)
             if need > len(self._extra):
@@ -144,13 +192,20 @@ class EmbeddingTable:
 
     def delete(self, keys: np.ndarray) -> None:
         keys = _inputs.check_keys(f"table {self._name!r}", keys)
+        if self._tier is not None:
+            with self._writer:
+                self._tier.delete(keys)
+            return
         with self._writer:
             for key in keys.reshape(-1).tolist():
                 self._slots.pop(key, None)
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.array(list(self._slots), dtype=np.int64)
+        keys = np.array(self._stored_keys(), dtype=np.int64)
         return keys, self._rows(keys)
+
+    def _stored_keys(self) -> list[int]:
+        return self._tier.keys() if self._tier is not None else list(self._slots)
 
 
 class LookupPlan:

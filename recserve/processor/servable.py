@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from recserve.embedding import EmbeddingTable, LookupPlan, string_keys
+from recserve.embedding import EmbeddingTable, LookupPlan, string_keys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
@@ -29,11 +29,15 @@ from recserve.runtime.placement import PlacedModel
 __all__ = ["Servable", "build_tables"]
 
 
-def build_tables(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
-    """One EmbeddingTable per bound table name, from the checkpoint's rows."""
+def build_tables(
+    bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint, config: ProcessorConfig, model_name: str
+) -> dict[str, EmbeddingTable]:
+    """One EmbeddingTable per bound table name, from the checkpoint's rows; on DRAM + SSD
+    tiers (`ev_storage_type` 12) under ev_storage_path/<model>/<version>/<table>."""
     return {
         name: EmbeddingTable(
-            name, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions
+            name, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions,
+            storage=tier_spec(config, model=model_name, version=checkpoint.ref.name, table=name),
         )
         for name, (b, data) in bound_table_rows(bindings, checkpoint).items()
     }
@@ -92,7 +96,7 @@ class Servable:
                 )
             redis = open_redis_tables(model.spec.embeddings, checkpoint, config, model_name)
         try:
-            return cls._load(model, checkpoint, config, placed, redis)
+            return cls._load(model, checkpoint, config, placed, redis, model_name)
         except BaseException:
             if redis is not None:
                 redis.close()
@@ -106,13 +110,14 @@ class Servable:
         config: ProcessorConfig,
         placed: PlacedModel | None,
         redis: RedisTableSet | None,
+        model_name: str,
     ) -> Servable:
         if redis is not None:
             tables: Mapping[str, Any] = redis.tables
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         elif placed is None:
-            tables = build_tables(model.spec.embeddings, checkpoint)
+            tables = build_tables(model.spec.embeddings, checkpoint, config, model_name)
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         else:
@@ -204,6 +209,10 @@ class Servable:
         return t.lookup(ids.reshape(-1), "none").reshape(*ids.shape, t.dim)
 
     def close(self) -> None:
+        """Free the version; the manager calls it once the last request's lease ends."""
         self.sessions.close()
         if self.redis is not None:
             self.redis.close()
+        else:
+            for table in self.tables.values():
+                table.close()  # a tiered table's files go with it

@@ -1,0 +1,63 @@
+"""ev_storage_type 12 through the Processor: tables 10x their DRAM budget serve exactly the
+checkpoint's values, and a retired version's SSD files go when it is freed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from recserve import Processor
+from recserve.export import TableData, write_checkpoint
+from recserve.export.demo import demo_dense, demo_tables, write_demo
+from recserve.export.reference import Reference
+
+
+def _wait(condition, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(condition())
+
+
+def test_tiered_tables_serve_the_checkpoint_and_free_retired_files(tmp_path: Path) -> None:
+    demo = write_demo(tmp_path / "demo")
+    tables = demo_tables()
+    biggest = max(t.values.nbytes for t in tables.values())
+    ssd = tmp_path / "ssd"
+    config = json.loads(demo.config_path.read_text()) | {
+        "ev_storage_type": 12, "ev_storage_path": str(ssd),
+        "ev_storage_size": [biggest // 10, 64 << 20], "model_update_interval_seconds": 0.05,
+    }
+    processor = Processor(config)
+    try:
+        served = processor._manager.current
+        assert served is not None
+        for name, table in served.tables.items():
+            stats = table.tier_stats()
+            assert stats is not None and stats["ssd_live_records"] == len(tables[name].keys), (name, stats)
+            if tables[name].values.nbytes >= biggest:  # 10x its DRAM budget
+                assert stats["dram_rows"] <= len(tables[name].keys) // 10, (name, stats)
+        reference = Reference(demo.model_dir, demo.version_dir)
+        rng = np.random.default_rng(8)
+        for _ in range(200):
+            request = demo.sample_inputs(int(rng.integers(1, 17)), rng)
+            got, want = processor.predict(request), reference.predict(request)
+            for alias in want:
+                assert float(np.abs(got[alias] - want[alias]).max()) <= 1e-6
+        assert (ssd / "default" / "1").is_dir()
+
+        scaled = {name: TableData(t.keys, t.values * 2) for name, t in tables.items()}
+        write_checkpoint(demo.checkpoint_dir, scaled, global_step=2, dense=demo_dense())
+        assert _wait(lambda: processor.model_info()["version"] == "2")
+        assert _wait(lambda: not (ssd / "default" / "1").exists())  # version 1 freed with its files
+        request = demo.sample_inputs(8, rng)
+        want = Reference(demo.model_dir, demo.checkpoint_dir / "2").predict(request)
+        got = processor.predict(request)
+        for alias in want:
+            assert float(np.abs(got[alias] - want[alias]).max()) <= 1e-6
+    finally:
+        processor.close()
+    assert _wait(lambda: not (ssd / "default" / "2").exists())
