@@ -23,10 +23,21 @@ import redis
 __all__ = ["RedisServer"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(*, with_cluster_bus: bool = False) -> int:
+    """A free port; with_cluster_bus: one whose Cluster bus port (port + 10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not with_cluster_bus:
+            return port
+        if port + 10000 <= 65535:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
 
 
 class RedisServer:
@@ -37,19 +48,20 @@ class RedisServer:
         if binary is None:
             pytest.fail("redis-server is not installed; run `make redis-server` (apt-get install redis-server)")
         self.binary = binary
-        self.port = _free_port()
+        self.port = _free_port(with_cluster_bus=cluster)
         self.workdir = workdir
         self.cluster = cluster
         self.url = f"redis://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10.0) -> None:
+        log = self.workdir / f"redis-{self.port}.log"
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir)]
+                "--appendonly", "no", "--dir", str(self.workdir), "--logfile", str(log)]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{self.port}.conf"]
             (self.workdir / f"nodes-{self.port}.conf").unlink(missing_ok=True)
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         client = self.client()
         while True:
@@ -58,7 +70,9 @@ class RedisServer:
                 break
             except redis.exceptions.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    err = self.process.stderr.read().decode() if self.process.stderr else ""
+                    if self.process.poll() is None:
+                        self.process.kill()
+                    err = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                     raise RuntimeError(f"redis-server on port {self.port} did not start: {err}") from None
                 time.sleep(0.01)
         if self.cluster:
