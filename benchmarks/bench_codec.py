@@ -1,5 +1,6 @@
 """Request codec: decode a Criteo-shaped request (26 int64 id inputs + one float [B, 13])
-and encode a one-output response, against plain protobuf + numpy in the same run."""
+natively against the pure-Python codec path, and encode a one-output response against plain
+protobuf, all in the same run."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from recserve.processor import codec
 from recserve.proto import predict_pb2 as pb
 
 NOTES = """
-Baseline: `PredictRequest.FromString` + `np.array(repeated_field)` per input (decode);
-`PredictResponse` filled with `float_val.extend` + `SerializeToString` (encode).
+Decode baseline: the pure-Python codec path (`RECSERVE_PURE_PYTHON=1`: one upb parse of a
+flattened view plus a byte-for-byte rebuild check up to 32 KB, the generated
+`PredictRequest` + `np.array` per input beyond). The native decoder is one C call
+(native/codec.c, GIL released) plus, per layout of names/dtypes/shapes, cached numpy steps:
+alike inputs come out of one reshape. Encode baseline: `PredictResponse` filled with
+`float_val.extend` + `SerializeToString`; the codec writes float bytes directly.
 Figures are the best of several repeats (the machine is shared). "speedup" = baseline
 time / codec time. Hashed ids are full 64-bit values (9-10 byte varints), the worst case
-for varint decoding. The canonical path is pure Python on top of upb; the per-input
-interpreter cost (~1 µs/input for upb wrapper access, ~0.5 µs/input on the flattened
-path) is what separates it from a native decoder.
+for varint decoding.
 """
 
 _WIRE = {pb.DT_FLOAT: ("float_val", np.float32), pb.DT_INT64: ("int64_val", np.int64)}
@@ -71,7 +74,9 @@ def best_us(fn: Callable[[], object], number: int) -> float:
 
 
 def _row(name: str, fn: Callable[[], object], base: Callable[[], object], number: int, goal_us: float | None) -> Row:
-    value, baseline = best_us(fn, number), best_us(base, number)
+    # Repeats alternate between the two, so a slow spell of the shared machine hits both.
+    times = [(best_us(fn, number), best_us(base, number)) for _ in range(3)]
+    value, baseline = min(t for t, _ in times), min(b for _, b in times)
     return Row(
         name=name,
         value=f"{value:.1f} µs",
@@ -83,19 +88,21 @@ def _row(name: str, fn: Callable[[], object], base: Callable[[], object], number
 
 
 def run() -> list[Row]:
+    if codec._native is None:
+        raise RuntimeError("bench_codec measures the native decoder; unset RECSERVE_PURE_PYTHON")
     rows = []
-    for batch, number, goal in ((1, 1000, 25.0), (64, 200, None), (512, 50, 200.0)):
+    for batch, number, goal in ((1, 2000, 15.0), (64, 500, None), (512, 100, 60.0)):
         data = criteo_request(batch)
         check = codec.decode_request(data).inputs
         assert all(np.array_equal(check[k], v) for k, v in baseline_decode(data).items())
-        rows.append(_row(f"decode 27 inputs, batch {batch} ({len(data)} B), speedup",
-                         lambda d=data: codec.decode_request(d), lambda d=data: baseline_decode(d), number, goal))
+        rows.append(_row(f"decode 27 inputs, batch {batch} ({len(data)} B): native vs pure-Python codec, speedup",
+                         lambda d=data: codec.decode_request(d), lambda d=data: codec._decode_python(d), number, goal))
     old = criteo_request(1, packed=False)
-    rows.append(_row("decode batch 1, float input unpacked (old client), speedup",
-                     lambda: codec.decode_request(old), lambda: baseline_decode(old), 1000, None))
+    rows.append(_row("decode batch 1, float input unpacked (old client): native vs pure-Python codec, speedup",
+                     lambda: codec.decode_request(old), lambda: codec._decode_python(old), 2000, None))
     for batch, number, goal in ((1, 5000, 5.0), (512, 2000, None)):
         outputs = {"prob": np.random.default_rng(0).random((batch, 1), dtype=np.float32)}
         assert codec.encode_response(outputs) == baseline_encode(outputs)
-        rows.append(_row(f"encode 1 float32 output [{batch}, 1], speedup",
+        rows.append(_row(f"encode 1 float32 output [{batch}, 1] vs plain protobuf, speedup",
                          lambda o=outputs: codec.encode_response(o), lambda o=outputs: baseline_encode(o), number, goal))
     return rows

@@ -1,6 +1,9 @@
 """The wire format (DESIGN §3) <-> numpy: PredictRequest/PredictResponse/ServingModelInfo.
 
-Decoding takes one of two paths with identical results:
+Decoding is native (`_codec_native`: one C parse of the whole request, any field order,
+packed or not) unless ``RECSERVE_PURE_PYTHON=1`` is set when this module is imported or
+the C side declines a request; the message path below then decides. Without the native
+decoder, decoding takes one of two pure-Python paths with identical results:
 
 * the canonical path, for requests laid out the way protobuf encoders write them (fields
   in number order, packed values, each input's values in one chunk). One upb parse of a
@@ -24,7 +27,8 @@ races only cost a recomputation).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +38,18 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message, message_fa
 
 from recserve.errors import InternalError, RequestError
 from recserve.proto import predict_pb2 as pb
+
+_NativeDecode = Callable[[bytes], "tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None"]
+
+
+def _native_decoder() -> _NativeDecode | None:
+    if os.environ.get("RECSERVE_PURE_PYTHON") == "1":
+        return None
+    from recserve.processor._codec_native import decode
+    return decode
+
+
+_native = _native_decoder()
 
 __all__ = [
     "DecodedRequest",
@@ -123,6 +139,21 @@ def _check_dims(name: str, dims: Sequence[int]) -> None:
                            "dimensions must be >= 0")
 
 
+# An empty shape's other dimensions are bounded too: numpy cannot make e.g. [2**62, 2, 0].
+# No request can carry more values than this (the C ABI counts its bytes in an int).
+_MAX_ELEMENTS = 2**31 - 1
+
+
+def _empty_shape_too_large(dims: Sequence[int]) -> bool:
+    return 0 in dims and math.prod(d for d in dims if d) > _MAX_ELEMENTS
+
+
+def _check_empty_shape(name: str, dims: Sequence[int]) -> None:
+    if _empty_shape_too_large(dims):
+        raise RequestError(f"input '{name}': shape {list(dims)} is too large: its non-zero "
+                           f"dimensions multiply to more than {_MAX_ELEMENTS}")
+
+
 def _from_wire(name: str, dtype: int, values: np.ndarray) -> np.ndarray:
     """Flat wire values (float32/float64/int32/int64/bool) -> the flat array of `dtype`."""
     kind = _KINDS[dtype]
@@ -154,6 +185,7 @@ def _array_from_proto(name: str, proto: Any) -> np.ndarray:
     need = math.prod(dims) * kind.per_element
     if len(values) != need:
         raise _count_error(name, dims, kind, len(values))
+    _check_empty_shape(name, dims)
     if kind.field == _STRING:
         strings = np.empty(need, dtype=object)
         strings[:] = list(values)
@@ -268,7 +300,8 @@ def _plan(dtype: int, shape: bytes) -> _Plan | None:
         dims = tuple(pb.ArrayShape.FromString(shape).dim)
     except message.DecodeError:
         return _remember(_plans, (dtype, shape), None)
-    if any(d < 0 for d in dims) or pb.ArrayShape(dim=dims).SerializeToString() != shape:
+    if (any(d < 0 for d in dims) or _empty_shape_too_large(dims)
+            or pb.ArrayShape(dim=dims).SerializeToString() != shape):
         return _remember(_plans, (dtype, shape), None)
     count = math.prod(dims) * kind.per_element
     plan = _Plan(dtype, kind.field, dims, count, count * _FIXED_WIDTH.get(kind.field, 0),
@@ -386,13 +419,20 @@ def _shaped(key: str, plan: _Plan, flat: np.ndarray) -> np.ndarray:
 _CANONICAL_PATH_MAX_BYTES = 32 * 1024
 
 
-def decode_request(data: bytes) -> DecodedRequest:
-    """PredictRequest bytes -> arrays. Raises RequestError (400) naming what is wrong."""
+def _decode_python(data: bytes) -> DecodedRequest:
     if len(data) <= _CANONICAL_PATH_MAX_BYTES:
         decoded = _decode_canonical(data)
         if decoded is not None:
             return decoded
     return _decode_message(data)
+
+
+def decode_request(data: bytes) -> DecodedRequest:
+    """PredictRequest bytes -> arrays. Raises RequestError (400) naming what is wrong."""
+    if _native is None:
+        return _decode_python(data)
+    decoded = _native(data if type(data) is bytes else bytes(data))
+    return _decode_message(data) if decoded is None else DecodedRequest(*decoded)
 
 
 def decode_response(data: bytes) -> dict[str, np.ndarray]:
@@ -416,28 +456,38 @@ def _encode_array(role: str, name: str, value: np.ndarray | Sequence[Any],
     if arr.dtype.kind in "OSU":
         dtype = pb.DT_STRING
     else:
-        dtype = _DTYPE_OF_NUMPY.get(arr.dtype.newbyteorder("="), pb.DT_INVALID)
+        dtype = _DTYPE_OF_NUMPY.get(arr.dtype) or _DTYPE_OF_NUMPY.get(arr.dtype.newbyteorder("="), pb.DT_INVALID)
         if dtype == pb.DT_INVALID:
             raise error(f"{role} '{name}': numpy dtype {arr.dtype} cannot be sent; supported: "
                         f"{_SUPPORTED_NUMPY}, and str/bytes (DT_STRING)")
     kind = _KINDS[dtype]
+    flat = arr.reshape(-1)
+    if kind.field in _WIRE_NUMPY:
+        # Written directly: packed float/double values are the array's little-endian bytes.
+        head = _array_heads.get((dtype, arr.shape)) or _array_head(dtype, arr.shape)
+        if kind.per_element == 2:
+            flat = flat.view(flat.real.dtype)   # complex -> (real, imag) pairs
+        raw = flat.astype(_WIRE_NUMPY[kind.field], copy=False).tobytes()
+        return head + _field(kind.field << 3 | 2, raw) if raw else head
     proto = pb.ArrayProto(dtype=dtype)
     proto.array_shape.SetInParent()   # present even for scalars: the canonical decode path needs it
     proto.array_shape.dim.extend(arr.shape)
-    flat = arr.reshape(-1)
-    if kind.field in _WIRE_NUMPY:
-        if kind.per_element == 2:
-            flat = flat.view(flat.real.dtype)   # complex -> (real, imag) pairs
-        if flat.size <= 32:   # upb's extend is fastest for a few values, a memcpy parse beyond
-            getattr(proto, _VALUE_FIELD_NAME[kind.field]).extend(flat.tolist())
-        else:
-            raw = flat.astype(_WIRE_NUMPY[kind.field], copy=False).tobytes()
-            proto.MergeFromString(_field(kind.field << 3 | 2, raw))
-    elif kind.field == _STRING:
+    if kind.field == _STRING:
         proto.string_val.extend(_string_bytes(role, name, s, error) for s in flat.tolist())
     else:
         getattr(proto, _VALUE_FIELD_NAME[kind.field]).extend(flat.tolist())
     return proto.SerializeToString()
+
+
+_array_heads: dict[tuple[int, tuple[int, ...]], bytes] = {}
+
+
+def _array_head(dtype: int, shape: tuple[int, ...]) -> bytes:
+    """An ArrayProto's bytes before its values: dtype, then array_shape (present even for
+    scalars, as the canonical decode path needs it), as upb serializes them."""
+    dims = b"".join(map(_varint, shape))
+    head = b"\x08" + _varint(dtype) + _field(0x12, _field(0x0A, dims) if dims else b"")
+    return _remember(_array_heads, (dtype, shape), head)
 
 
 def _string_bytes(role: str, name: str, value: object, error: type[Exception]) -> bytes:

@@ -1,6 +1,7 @@
 """The request codec: bytes as real clients write them -> exact arrays, round trips for
-every dtype, and the exact 400 messages. Both decode paths (canonical and message) are
-checked against each other on every request."""
+every dtype, and the exact 400 messages. Every test runs twice: with the native decoder
+and with its pure-Python twin, whose decode paths (canonical and message) are checked
+against each other on every request."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ import pytest
 from recserve.errors import InternalError, RequestError
 from recserve.processor import codec
 from recserve.proto import predict_pb2 as pb
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "python":
+        monkeypatch.setattr(codec, "_native", None)
+    elif codec._native is None:
+        pytest.skip("the native decoder is off (RECSERVE_PURE_PYTHON=1)")
+    return str(request.param)
+
 
 # --- hand-written protobuf wire bytes (no generated code) -----------------------------------
 
@@ -184,6 +195,24 @@ def test_float_response_is_packed_float_val() -> None:
     assert pb.PredictResponse.FromString(data).outputs["prob"].float_val == [0.25, 0.75]
 
 
+@pytest.mark.parametrize("value", [
+    np.float32(0.5), np.zeros((0, 3), np.float32), np.arange(40, dtype=np.float64).reshape(2, 20),
+    np.array([1.5, -0.25], np.float16), np.array([1 + 2j], np.complex64), np.array([[3 - 1j]], np.complex128),
+    np.arange(6, dtype=">f4").reshape(2, 3), np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],
+], ids=lambda v: f"{v.dtype}{list(v.shape)}")
+def test_float_outputs_are_what_upb_writes(value: np.ndarray) -> None:
+    kind = codec._KINDS[codec._DTYPE_OF_NUMPY[value.dtype.newbyteorder("=")]]
+    proto = pb.ArrayProto(dtype=codec._DTYPE_OF_NUMPY[value.dtype.newbyteorder("=")])
+    proto.array_shape.SetInParent()
+    proto.array_shape.dim.extend(value.shape)
+    flat = value.reshape(-1)
+    getattr(proto, codec._VALUE_FIELD_NAME[kind.field]).extend(
+        flat.view(flat.real.dtype).tolist() if kind.per_element == 2 else flat.tolist())
+    expected = pb.PredictResponse()
+    expected.outputs["y"].CopyFrom(proto)
+    assert codec.encode_response({"y": value}) == expected.SerializeToString()
+
+
 def test_empty_request() -> None:
     decoded = both_paths(b"")
     assert decoded == codec.DecodedRequest("", {}, ())
@@ -237,6 +266,15 @@ def test_bad_dtypes() -> None:
 def test_negative_dimension() -> None:
     assert error_of(entry("x", array(9, [-1, 3], b""))) == (
         "input 'x': shape [-1, 3] has a negative dimension; dimensions must be >= 0")
+
+
+def test_empty_shape_with_huge_dimensions() -> None:
+    assert error_of(entry("x", array(9, [2**40, 2**30, 0], b""))) == (
+        "input 'x': shape [1099511627776, 1073741824, 0] is too large: its non-zero "
+        "dimensions multiply to more than 2147483647")
+    largest = entry("x", array(9, [2**31 - 1, 0], b""))
+    assert codec.decode_request(largest).inputs["x"].shape == (2**31 - 1, 0)
+    assert codec._decode_message(largest).inputs["x"].shape == (2**31 - 1, 0)
 
 
 def test_out_of_range_narrow_ints() -> None:

@@ -1,0 +1,213 @@
+"""PredictRequest decoding in C (native/codec.h) through ctypes.
+
+One C call parses the whole request into a fresh int64 buffer of values plus a *layout*:
+everything about the result except the values (names, dtypes, shapes, where each input's
+values start). Requests from one client repeat the same layout, so the layout's bytes key
+a cache of recipes: the few numpy steps (views, and a cast for narrow ints, bool and half)
+that turn the buffer into the arrays. Inputs alike in dtype and shape whose values lie
+back to back (the usual [B] id inputs) come out of one reshape as rows of one block.
+
+`decode` returns None whenever the C side declines (anything unusual or invalid); the
+caller then parses with the generated code, which owns every error message.
+
+Thread-safe: ctypes.CDLL releases the GIL during the parse; scratch space is per thread;
+the recipe cache is a dict whose races only cost a recomputation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+_SCRATCH_FULL = 3   # RS_CODEC_SCRATCH_FULL; every other failure goes to the generated parser
+_SCRATCH_START, _SCRATCH_MAX = 1 << 12, 1 << 20   # int64 slots; beyond: the generated parser
+_CACHE_LIMIT = 8192
+
+
+def _load() -> ctypes.CDLL:
+    path = Path(__file__).with_name("librecserve_codec.so")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise ImportError(
+            f"recserve's codec library is missing or broken ({exc}); build it with "
+            "`python setup.py build_ext --inplace`, or set RECSERVE_PURE_PYTHON=1"
+        ) from exc
+    lib.rs_decode_request.restype = ctypes.c_int64
+    lib.rs_decode_request.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                      ctypes.c_void_p, ctypes.c_int64]
+    return lib
+
+
+_decode_request = _load().rs_decode_request
+_char_at = ctypes.c_char.from_buffer
+
+
+def _address(a: np.ndarray) -> int:
+    # ctypes.from_buffer is several times faster than ndarray.ctypes.data.
+    return ctypes.addressof(_char_at(cast(Any, a)))
+
+
+# RS_CODEC_OUT_* -> (array dtype, dtype of the values in the buffer). Varint fields fill one
+# int64 per value; float_val/double_val keep their little-endian bytes.
+_I8, _F4, _F8 = np.dtype(np.int64), np.dtype("<f4"), np.dtype("<f8")
+_OUT: tuple[tuple[np.dtype[Any], np.dtype[Any]], ...] = (
+    *((np.dtype(t), _I8) for t in (np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint16, np.bool_)),
+    (np.dtype(np.float32), _F4), (np.dtype(np.float64), _F8), (np.dtype(np.float16), _F4),
+    (np.dtype(np.complex64), _F4), (np.dtype(np.complex128), _F8),
+)
+_STRING = len(_OUT)
+
+# (values, request bytes) -> the arrays of a run of inputs, in order (iterating a 2-D block
+# yields its rows as views).
+_Step = Callable[[np.ndarray, bytes], Iterable[np.ndarray]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """How the values of one layout become the request's arrays. Immutable."""
+
+    signature_name: str
+    output_filter: tuple[str, ...]
+    steps: tuple[tuple[tuple[str, ...], _Step], ...]   # (input names, their arrays)
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    name: str
+    out: int
+    dims: tuple[int, ...]
+    slot: int
+    count: int   # wire values
+
+    @property
+    def slots(self) -> int:
+        if self.out == _STRING:
+            return 2 * self.count
+        return -(-self.count * _OUT[self.out][1].itemsize // 8)
+
+    def follows(self, prev: _Input) -> bool:
+        """Same dtype and shape, values right after prev's, no padding between: one block."""
+        return (self.out == prev.out != _STRING and self.dims == prev.dims and
+                self.slot == prev.slot + prev.slots and prev.slots * 8 == prev.count * _OUT[prev.out][1].itemsize)
+
+
+def _array_step(first: _Input, rows: int) -> _Step:
+    out, wire = _OUT[first.out]
+    start, stop, total = first.slot, first.slot + rows * first.slots, rows * first.count
+    shape = (rows, *first.dims) if rows > 1 else first.dims
+    cast_to = out if out.kind in "iub" and out != wire or out == np.float16 else None
+    view_as = out if out.kind == "c" else None
+
+    def step(values: np.ndarray, data: bytes) -> Iterable[np.ndarray]:
+        flat = values[start:stop]
+        if wire is not _I8:
+            flat = flat.view(wire)[:total]
+        if cast_to is not None:
+            flat = flat.astype(cast_to)
+        elif view_as is not None:
+            flat = flat.view(view_as)
+        block = flat.reshape(shape)
+        return block if rows > 1 else (block,)
+    return step
+
+
+def _string_step(first: _Input) -> _Step:
+    start, stop, count, dims = first.slot, first.slot + 2 * first.count, first.count, first.dims
+
+    def step(values: np.ndarray, data: bytes) -> Iterable[np.ndarray]:
+        pairs = values[start:stop].tolist()
+        strings = np.empty(count, dtype=object)
+        strings[:] = [data[at:at + n] for at, n in zip(pairs[0::2], pairs[1::2])]
+        return (strings.reshape(dims),)
+    return step
+
+
+def _recipe(layout: bytes) -> _Recipe:
+    at = 0
+
+    def number() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            byte = layout[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    def text() -> str:
+        nonlocal at
+        n = number()
+        at += n
+        return layout[at - n:at].decode()   # the C side checked it is UTF-8
+
+    signature_name = text()
+    output_filter = tuple(text() for _ in range(number()))
+    inputs = []
+    for _ in range(number()):
+        name, out = text(), number()
+        dims = tuple(number() for _ in range(number()))
+        inputs.append(_Input(name, out, dims, number(), number()))
+    steps = []
+    i = 0
+    while i < len(inputs):
+        first, rows = inputs[i], 1
+        while i + rows < len(inputs) and inputs[i + rows].follows(inputs[i + rows - 1]):
+            rows += 1
+        names = tuple(x.name for x in inputs[i:i + rows])
+        steps.append((names, _string_step(first) if first.out == _STRING else _array_step(first, rows)))
+        i += rows
+    return _Recipe(signature_name, output_filter, tuple(steps))
+
+
+_recipes: dict[bytes, _Recipe] = {}
+
+
+class _Scratch:
+    """One thread's working space for the C parser. Used by its own thread only."""
+
+    __slots__ = ("address", "array", "bytes", "cap")
+
+    def __init__(self, cap: int) -> None:
+        self.array = np.empty(cap, np.int64)
+        self.address = _address(self.array)
+        self.cap = cap
+        self.bytes = self.array.data.cast("B")
+
+
+_local = threading.local()
+
+
+def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None:
+    """(signature_name, inputs, output_filter), or None to leave `data` to the generated parser.
+    Arrays are views of one fresh buffer per request (writeable, not shared)."""
+    size = len(data)
+    values = np.empty(size + 1, np.int64)   # the C side's bound: one slot per wire byte
+    try:
+        scratch = _local.scratch
+    except AttributeError:
+        scratch = _local.scratch = _Scratch(_SCRATCH_START)
+    got = _decode_request(data, size, _address(values), size + 1, scratch.address, scratch.cap)
+    while got == -_SCRATCH_FULL and scratch.cap < _SCRATCH_MAX:
+        scratch = _local.scratch = _Scratch(scratch.cap * 4)
+        got = _decode_request(data, size, _address(values), size + 1, scratch.address, scratch.cap)
+    if got < 0:
+        return None
+    layout = scratch.bytes[:got].tobytes()
+    recipe = _recipes.get(layout)
+    if recipe is None:
+        if len(_recipes) >= _CACHE_LIMIT:
+            _recipes.clear()
+        recipe = _recipes[layout] = _recipe(layout)
+    inputs: dict[str, np.ndarray] = {}
+    for names, step in recipe.steps:
+        inputs.update(zip(names, step(values, data)))
+    return recipe.signature_name, inputs, recipe.output_filter
