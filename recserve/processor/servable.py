@@ -71,8 +71,9 @@ class Servable:
     signatures: Mapping[str, Signature]
     default_signature: str
     loaded_at: float
-    # Per signature: the aliases of its id inputs and one plan looking all of them up.
-    plans: Mapping[str, tuple[tuple[str, ...], Any]]  # LookupPlan or RedisLookupPlan
+    # Per signature, computed once: (alias, graph input) of its dense inputs; (alias, graph
+    # input, ids are strings) of its id inputs; one plan looking all the ids up per request.
+    plans: Mapping[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, bool], ...], Any]]
     # Plain ONNX models under enable_device_placement_optimization: ids -> rows on the CPU.
     placed: PlacedInputs | None = None
     redis: RedisTableSet | None = None
@@ -134,12 +135,14 @@ class Servable:
                     f"signature_name {default!r} is not in the model; it has {sorted(signatures)}"
                 )
             default = next(iter(signatures))
-        plans: dict[str, tuple[tuple[str, ...], Any]] = {}
+        plans = {}
         for name, sig in signatures.items():
-            bound = tuple(a for a, spec in sig.inputs.items() if spec.binding is not None)
-            pairs = [(b.table, b.combiner) for b in (sig.inputs[a].binding for a in bound) if b]
+            dense = tuple((a, spec.name) for a, spec in sig.inputs.items() if spec.binding is None)
+            bindings = [(a, spec.binding) for a, spec in sig.inputs.items() if spec.binding is not None]
+            bound = tuple((a, b.graph_input, b.key_dtype == "string") for a, b in bindings)
+            pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
-            plans[name] = (bound, plan)
+            plans[name] = (dense, bound, plan)
         return cls(
             version=checkpoint.ref.name,
             global_step=checkpoint.manifest.global_step,
@@ -191,16 +194,14 @@ class Servable:
         return {key: value for (key, _), value in zip(chosen, results)}
 
     def _feeds(self, sig: Signature, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {spec.name: arrays[alias] for alias, spec in sig.inputs.items() if spec.binding is None}
-        bound, plan = self.plans[sig.name]
-        ids_list = []
-        for alias in bound:
-            arr = arrays[alias]
-            if sig.inputs[alias].dtype == np.dtype(object):  # key_dtype "string"
-                arr = string_keys(arr.ravel()).reshape(arr.shape)
-            ids_list.append(arr)
-        for alias, out in zip(bound, plan.run(ids_list)):
-            feeds[sig.inputs[alias].binding.graph_input] = out  # type: ignore[union-attr]
+        dense, bound, plan = self.plans[sig.name]
+        feeds = {name: arrays[alias] for alias, name in dense}
+        ids_list = [
+            string_keys(arrays[alias].ravel()).reshape(arrays[alias].shape) if is_string else arrays[alias]
+            for alias, _, is_string in bound
+        ]
+        for (_, graph_input, _), out in zip(bound, plan.run(ids_list)):
+            feeds[graph_input] = out
         return feeds
 
     def _lookup_rows(self, table: str, ids: np.ndarray) -> np.ndarray:

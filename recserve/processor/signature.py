@@ -93,7 +93,9 @@ class InputSpec:
             arr = self._cast(arr)
         if arr.ndim == 1 and self._pools_single_ids:
             arr = arr.reshape(-1, 1)  # one id per sample pools to itself
-        if arr.ndim != len(self.shape) or any(arr.shape[axis] != size for axis, size in self._fixed_dims):
+        if arr.ndim != len(self.shape) or (
+            self._fixed_dims and any(arr.shape[axis] != size for axis, size in self._fixed_dims)
+        ):
             raise RequestError(
                 f"input {self.alias!r}: shape {list(arr.shape)} does not match {_shape_text(self.shape)}"
                 " (? is any size)"
