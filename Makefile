@@ -21,7 +21,7 @@ native: $(VENV)/.installed
 	$(BIN)/python setup.py -q build_ext --inplace
 
 redis-server:
-	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; }
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
 
 serve: install
 	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
