@@ -629,14 +629,8 @@ int rs_table_delete(rs_table* t, const int64_t* keys, int64_t n) {
     int status = rs_reclaim(t);
     rs_index* ix = atomic_load_explicit(&t->index, memory_order_relaxed);
     for (int64_t i = 0; i < n && status == RS_OK; i++) {
-        if (keys[i] == EMPTY_KEY) continue;
-        bucket b = index_find(ix, keys[i], hash_key(keys[i]));
-        if (atomic_load_explicit(b.key, memory_order_relaxed) != keys[i]) continue;
-        uint64_t old = atomic_load_explicit(b.slot, memory_order_relaxed);
-        if (old == TOMBSTONE) continue;
-        atomic_store_explicit(b.slot, TOMBSTONE, memory_order_release);
-        atomic_fetch_sub(&t->live, 1);
-        status = slot_push(&t->retired_slots, old);
+        uint64_t old = unpublish_key(t, ix, keys[i]);
+        if (old != TOMBSTONE) status = slot_push(&t->retired_slots, old);
     }
     int after = rs_reclaim(t);
     return status != RS_OK ? status : after;

@@ -208,6 +208,19 @@ struct rs_table {
     int waiting_parity;
 };
 
+/* Writer only: unpublishes `key` (readers see it as unknown from now on) and returns the
+ * slot it pointed at, which the caller retires; TOMBSTONE when the key was not live. */
+static inline uint64_t unpublish_key(rs_table* t, const rs_index* ix, int64_t key) {
+    if (key == EMPTY_KEY) return TOMBSTONE;
+    bucket b = index_find(ix, key, hash_key(key));
+    if (atomic_load_explicit(b.key, memory_order_relaxed) != key) return TOMBSTONE;
+    uint64_t old = atomic_load_explicit(b.slot, memory_order_relaxed);
+    if (old == TOMBSTONE) return TOMBSTONE;
+    atomic_store_explicit(b.slot, TOMBSTONE, memory_order_release);
+    atomic_fetch_sub(&t->live, 1);
+    return old;
+}
+
 rs_table* rs_table_alloc(int64_t dim, int32_t default_kind, double stddev, uint64_t seed);
 int rs_reclaim(rs_table* t);
 int rs_rebuild_index(rs_table* t);
