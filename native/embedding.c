@@ -63,7 +63,7 @@ static int storage_append(rs_storage* s, uint64_t* slot) {
     if (k >= MAX_BLOCKS) return RS_ENOMEM;
     if (!atomic_load_explicit(&s->blocks[k], memory_order_relaxed)) {
         size_t rows = (size_t)1 << (k + EXTRA_SHIFT);
-        float* block = malloc(rows * (size_t)s->dim * sizeof(float));
+        float* block = alloc_rows(rows * (size_t)s->dim * sizeof(float));
         if (!block) return RS_ENOMEM;
         atomic_store_explicit(&s->blocks[k], block, memory_order_relaxed);
     }
@@ -487,6 +487,18 @@ static int run_task(const rs_lookup_task* task) {
 int rs_lookup(const rs_lookup_task* tasks, int64_t n_tasks) {
     for (int64_t i = 0; i < n_tasks; i++) {
         int status = run_task(&tasks[i]);
+        if (status != RS_OK) return status;
+    }
+    return RS_OK;
+}
+
+int rs_lookup_at(const rs_lookup_task* tasks, int64_t n_tasks, const int64_t* ids_base,
+                 float* out_base) {
+    for (int64_t i = 0; i < n_tasks; i++) {
+        rs_lookup_task task = tasks[i];
+        task.ids = (const int64_t*)(const void*)((const char*)ids_base + (intptr_t)task.ids);
+        task.out = (float*)(void*)((char*)out_base + (intptr_t)task.out);
+        int status = run_task(&task);
         if (status != RS_OK) return status;
     }
     return RS_OK;

@@ -124,6 +124,10 @@ RS_API int rs_tier_compact(rs_table* t);
 
 /* Readers. */
 RS_API int rs_lookup(const rs_lookup_task* tasks, int64_t n_tasks);
+/* As rs_lookup, with every task's ids and out given as byte offsets from ids_base and
+ * out_base: a caller reusing one task array per request shape passes it unchanged. */
+RS_API int rs_lookup_at(const rs_lookup_task* tasks, int64_t n_tasks, const int64_t* ids_base,
+                        float* out_base);
 RS_API int rs_table_lookup(rs_table* t, const int64_t* ids, int64_t rows, int64_t width,
                            int64_t combiner, float* out);
 RS_API int rs_table_contains(rs_table* t, const int64_t* keys, int64_t n, uint8_t* out);

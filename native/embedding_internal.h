@@ -75,6 +75,14 @@ int64_t rs_index_max_used(const rs_index* ix);
 
 /* ---- DRAM storage: slot -> row ---- */
 
+/* Row buffers start on a cache line, so a row of 16 floats is one line, not two (a lookup
+ * then misses on its index line and one row line). recserve.embedding.empty_rows lays out
+ * the rows it hands to rs_table_create the same way. */
+static inline float* alloc_rows(size_t bytes) {
+    void* p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+}
+
 #define EXTRA_SHIFT 10 /* upsert block k holds 1024 << k rows */
 #define MAX_BLOCKS 48
 

@@ -461,7 +461,7 @@ static int tier_init(rs_table* t, const int64_t* keys, const float* values, int6
     tier->capacity = capacity;
     tier->sketch_width = capacity > 0 ? capacity : 1;
     tier->rng = (uint64_t)(uintptr_t)t;
-    t->storage.base = malloc((size_t)(capacity > 0 ? capacity : 1) * (size_t)dim * sizeof(float));
+    t->storage.base = alloc_rows((size_t)(capacity > 0 ? capacity : 1) * (size_t)dim * sizeof(float));
     t->storage.base_rows = (uint64_t)capacity;
     tier->slot_key = malloc((size_t)(capacity > 0 ? capacity : 1) * sizeof(int64_t));
     tier->slot_record = malloc((size_t)(capacity > 0 ? capacity : 1) * sizeof(uint64_t));

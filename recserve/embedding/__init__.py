@@ -73,6 +73,7 @@ else:
 
     IMPLEMENTATION = "native"
 
+from recserve.embedding._inputs import empty_rows
 from recserve.embedding.tiers import TierSpec, tier_spec
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "LookupPlan",
     "TierSpec",
     "default_vectors",
+    "empty_rows",
     "string_keys",
     "tier_spec",
 ]

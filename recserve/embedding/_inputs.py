@@ -50,6 +50,43 @@ def check_ids(table: str, ids: Any) -> np.ndarray:
     return np.ascontiguousarray(ids)
 
 
+ROW_ALIGNMENT = 64  # bytes: rows start on a cache line, as native/embedding_internal.h's
+
+
+def empty_rows(n: int, dim: int) -> np.ndarray:
+    """An uninitialised float32 [n, dim] array whose first row starts on a cache line, the
+    layout tables are fastest in (a dim-16 row is then one line, not two). Fill it and hand
+    it to EmbeddingTable, which adopts it without a copy."""
+    items = ROW_ALIGNMENT // 4
+    raw = np.empty(n * dim + items, dtype=np.float32)
+    skip = (-raw.ctypes.data % ROW_ALIGNMENT) // 4
+    return raw[skip:skip + n * dim].reshape(n, dim)
+
+
+def check_span(table: str, offset: Any, shape: Any) -> tuple[int, ...]:
+    """Where a packed plan finds one binding's ids: a slot offset >= 0 and a shape [B] or [B, L]."""
+    if not isinstance(offset, (int, np.integer)) or offset < 0:
+        raise ValueError(f"ids for table {table!r}: offset must be an integer >= 0, got {offset!r}")
+    shape = tuple(int(d) for d in shape)
+    if len(shape) not in (1, 2) or min(shape) < 0:
+        raise RequestError(
+            f"ids for table {table!r} must have shape [B] or [B, L], got shape {list(shape)}"
+        )
+    return shape
+
+
+def check_packed(ids: Any, end: int) -> None:
+    """A packed plan's ids buffer: 1-D C-contiguous int64 with at least `end` slots."""
+    if not (
+        type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1
+        and ids.flags.c_contiguous and ids.size >= end
+    ):
+        raise ValueError(
+            f"packed ids must be a C-contiguous int64 array of shape [N] with N >= {end}, "
+            f"got {_describe(ids)}"
+        )
+
+
 def output_shape(ids_shape: tuple[int, ...], dim: int, combiner: int) -> tuple[int, ...]:
     if combiner == NONE:
         return (*ids_shape, dim)

@@ -98,6 +98,7 @@ def _load() -> ctypes.CDLL:
         "rs_table_size": (_i64, [_p]),
         "rs_table_storage_rows": (_i64, [_p]),
         "rs_lookup": (ctypes.c_int, [_p, _i64]),
+        "rs_lookup_at": (ctypes.c_int, [_p, _i64, _p, _p]),
         "rs_table_lookup": (ctypes.c_int, [_p, _p, _i64, _i64, _i64, _p]),
         "rs_table_contains": (ctypes.c_int, [_p, _p, _i64, _p]),
         "rs_table_snapshot": (_i64, [_p, _p, _p, _i64]),
@@ -373,11 +374,14 @@ class EmbeddingTable:
 class _Layout:
     """Where one request shape's ids and outputs sit in the flat buffers of a plan run."""
 
-    __slots__ = ("out_size", "runs", "shapes", "tasks")
+    __slots__ = ("ids_end", "n", "out_size", "runs", "shapes", "tasks", "tasks_address")
 
-    def __init__(self, tasks: np.ndarray, shapes: list[tuple[int, ...]]):
+    def __init__(self, tasks: np.ndarray, shapes: list[tuple[int, ...]], ids_end: int):
         self.tasks = tasks  # rs_lookup_task rows; ids/out columns hold byte offsets
+        self.tasks_address = _address(tasks)
+        self.n = len(tasks)
         self.shapes = shapes  # of each output
+        self.ids_end = ids_end  # int64 slots the ids buffer must have
         # Consecutive outputs of one shape, as (start, stop, (count, *shape)) in the float32
         # arena: iterating one reshaped slice yields all their views at C speed.
         self.runs: list[tuple[int, int, tuple[int, ...]]] = []
@@ -400,6 +404,9 @@ class LookupPlan:
     per-request Python work is a handful of numpy calls whatever the number of bindings.
     With `outs`, results are written into the caller's arrays instead (e.g. graph inputs).
 
+    Callers whose ids already sit in one int64 buffer (the request decoder's) describe where
+    once, with packed(), and skip the concatenate: run_packed(buffer, layout).
+
     Thread-safety: run() may be called from any number of threads concurrently, also with
     writers on the tables; the plan keeps its tables alive.
     """
@@ -414,24 +421,33 @@ class LookupPlan:
             self._template[i, 5] = _inputs.combiner_code(combiner)
         self._layouts: dict[tuple[tuple[int, ...], ...], _Layout] = {}
 
-    def _layout(self, ids_list: Sequence[Any]) -> _Layout:
+    def packed(self, spans: Sequence[tuple[int, tuple[int, ...]]]) -> _Layout:
+        """The layout of ids found at (offset in int64 slots, ids shape), one per binding."""
+        _inputs.check_count(spans, None, len(self._bindings))
         tasks = self._template.copy()
         shapes = []
-        id_offset = out_offset = 0
-        for i, ((table, combiner), ids) in enumerate(zip(self._bindings, ids_list)):
-            ids = _inputs.check_ids(table.name, ids)
-            shape = _inputs.output_shape(ids.shape, table.dim, int(tasks[i, 5]))
-            size = math.prod(shape)
+        out_offset = ids_end = 0
+        for i, ((table, _), (offset, ids_shape)) in enumerate(zip(self._bindings, spans)):
+            ids_shape = _inputs.check_span(table.name, offset, ids_shape)
+            shape = _inputs.output_shape(ids_shape, table.dim, int(tasks[i, 5]))
             tasks[i, 1:5] = (
-                8 * id_offset,
+                8 * offset,
                 4 * out_offset,
-                len(ids),
-                ids.shape[1] if ids.ndim == 2 else 1,
+                ids_shape[0],
+                ids_shape[1] if len(ids_shape) == 2 else 1,
             )
             shapes.append(shape)
-            id_offset += ids.size
-            out_offset += size
-        layout = _Layout(tasks, shapes)
+            out_offset += math.prod(shape)
+            ids_end = max(ids_end, offset + math.prod(ids_shape))
+        return _Layout(tasks, shapes, ids_end)
+
+    def _layout(self, ids_list: Sequence[Any]) -> _Layout:
+        spans, offset = [], 0
+        for (table, _), ids in zip(self._bindings, ids_list):
+            ids = _inputs.check_ids(table.name, ids)
+            spans.append((offset, ids.shape))
+            offset += ids.size
+        layout = self.packed(spans)
         if len(self._layouts) >= self._MAX_LAYOUTS:
             self._layouts.clear()
         self._layouts[tuple(ids.shape for ids in ids_list)] = layout
@@ -450,21 +466,32 @@ class LookupPlan:
         except (AttributeError, KeyError, TypeError):
             layout = self._layout(ids_list)  # checks every id array; raises RequestError
             flat = np.concatenate(ids_list, axis=None, dtype=np.int64, casting="no")
-        tasks = layout.tasks.copy()
-        tasks[:, 1] += _address(flat)
+        return self._run(flat, layout, outs)
+
+    def run_packed(self, ids: np.ndarray, layout: _Layout) -> list[np.ndarray]:
+        """Outputs for ids laid out as `layout` (from packed()) says, in one int64 buffer."""
+        _inputs.check_packed(ids, layout.ids_end)
+        if not len(self._bindings):
+            return []
+        return self._run(ids, layout, None)
+
+    def _run(self, flat: np.ndarray, layout: _Layout, outs: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         if outs is None:
             arena = np.empty(layout.out_size, dtype=np.float32)
-            tasks[:, 2] += _address(arena)
+            status = _LIB.rs_lookup_at(layout.tasks_address, layout.n, _address(flat), _address(arena))
+            _check(status, "lookup")
             results: list[np.ndarray] = []
             for start, stop, shape in layout.runs:
                 results.extend(arena[start:stop].reshape(shape))
-        else:
-            results = [
-                _inputs.check_out(table.name, out, shape)
-                for (table, _), out, shape in zip(self._bindings, outs, layout.shapes)
-            ]
-            tasks[:, 2] = [_address(out) for out in results]
-        _check(_LIB.rs_lookup(_address(tasks), n), "lookup")
+            return results
+        results = [
+            _inputs.check_out(table.name, out, shape)
+            for (table, _), out, shape in zip(self._bindings, outs, layout.shapes)
+        ]
+        tasks = layout.tasks.copy()
+        tasks[:, 1] += _address(flat)
+        tasks[:, 2] = [_address(out) for out in results]
+        _check(_LIB.rs_lookup(_address(tasks), len(self._bindings)), "lookup")
         return results
 
 

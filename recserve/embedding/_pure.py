@@ -5,8 +5,10 @@ native engine against, and the fallback where the C library cannot be built
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -225,6 +227,25 @@ class LookupPlan:
             table.lookup(ids, combiner, None if outs is None else outs[i])
             for i, ((table, combiner), ids) in enumerate(zip(self._bindings, ids_list))
         ]
+
+    def packed(self, spans: Sequence[tuple[int, tuple[int, ...]]]) -> _PackedLayout:
+        _inputs.check_count(spans, None, len(self._bindings))
+        checked = [
+            (int(offset), _inputs.check_span(table.name, offset, shape))
+            for (table, _), (offset, shape) in zip(self._bindings, spans)
+        ]
+        end = max((offset + math.prod(shape) for offset, shape in checked), default=0)
+        return _PackedLayout(tuple(checked), end)
+
+    def run_packed(self, ids: np.ndarray, layout: _PackedLayout) -> list[np.ndarray]:
+        _inputs.check_packed(ids, layout.ids_end)
+        return self.run([ids[o:o + math.prod(shape)].reshape(shape) for o, shape in layout.spans])
+
+
+@dataclass(frozen=True)
+class _PackedLayout:
+    spans: tuple[tuple[int, tuple[int, ...]], ...]
+    ids_end: int
 
 
 def string_keys(values: Sequence[bytes | str] | np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from recserve.embedding import empty_rows
 from recserve.errors import CorruptVersionError, ModelLoadError
 from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.manifest import Manifest
@@ -111,19 +112,46 @@ def _check_array(name: str, arr: object, dtype: type, ndim: int) -> None:
         )
 
 
-def _read_tensors(storage: Storage, path: str) -> dict[str, np.ndarray]:
+# Table rows are copied out of the file's mmap this many bytes at a time: measured on 320 MB,
+# 1-4 MB chunks load 2.5x faster than safetensors.numpy.load_file; 64 MB chunks fault in
+# fresh pages for every chunk and are 3x slower than it.
+_ROWS_CHUNK_BYTES = 2**20
+
+
+def _read_tensors(storage: Storage, path: str, *, rows: str | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file. The float32 2-D tensor named `rows` (a table's
+    values) lands in the engine's row layout (`empty_rows`), copied chunk by chunk straight
+    out of the file's mmap: one copy in memory, never two."""
     local = storage.local_path(path)
     try:
-        if local is not None:
-            # Copies each tensor straight out of an mmap: one copy in memory, never two.
-            return safetensors.numpy.load_file(local)
-        return safetensors.numpy.load(storage.read(path))
+        if local is None:
+            tensors = safetensors.numpy.load(storage.read(path))
+            if rows in tensors and tensors[rows].dtype == np.float32 and tensors[rows].ndim == 2:
+                aligned = empty_rows(*tensors[rows].shape)
+                aligned[...] = tensors.pop(rows)
+                tensors[rows] = aligned
+            return tensors
+        with safetensors.safe_open(local, framework="np") as f:
+            tensors = {}
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                part = f.get_slice(name)
+                shape = part.get_shape()
+                if name != rows or part.get_dtype() != "F32" or len(shape) != 2:
+                    tensors[name] = f.get_tensor(name)
+                    continue
+                out = empty_rows(*shape)
+                step = max(1, _ROWS_CHUNK_BYTES // max(1, 4 * shape[1]))
+                for start in range(0, shape[0], step):
+                    stop = min(start + step, shape[0])  # safetensors refuses slices past the end
+                    out[start:stop] = part[start:stop]
+                tensors[name] = out
+            return tensors
     except (safetensors.SafetensorError, ValueError, KeyError, OSError) as exc:
         raise CorruptVersionError(f"{path}: not a readable safetensors file ({exc})") from exc
 
 
 def read_table(storage: Storage, path: str) -> TableData:
-    tensors = _read_tensors(storage, path)
+    tensors = _read_tensors(storage, path, rows="values")
     unknown = sorted(set(tensors) - set(TABLE_TENSORS))
     if unknown:
         raise CorruptVersionError(

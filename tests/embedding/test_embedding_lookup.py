@@ -167,6 +167,53 @@ def test_lookup_plan_runs_every_binding(engine) -> None:
     assert engine.LookupPlan([]).run([]) == []
 
 
+def test_packed_plan_reads_ids_in_place_like_run(engine) -> None:
+    keys, values = make_rows()
+    users = engine.EmbeddingTable("users", DIM, keys, values.copy(), default=NORMAL)
+    items = engine.EmbeddingTable("items", 3, keys[:50], values[:50, :3].copy())
+    plan = engine.LookupPlan([(users, "none"), (items, "mean"), (users, "sum"), (items, "none")])
+    ids_list = [
+        request_ids(keys, (5,), 1),
+        request_ids(keys, (5, 4), 2),
+        request_ids(keys, (5, 1), 3),
+        request_ids(keys[:50], (5, 2), 4),
+    ]
+    # The ids scattered through one buffer, with other values (and a gap) between them,
+    # as the request decoder leaves them; spans given out of order.
+    buffer = np.full(64, 123456789, np.int64)
+    offsets = [40, 3, 30, 50]
+    for offset, ids in zip(offsets, ids_list):
+        buffer[offset:offset + ids.size] = ids.reshape(-1)
+    layout = plan.packed([(o, ids.shape) for o, ids in zip(offsets, ids_list)])
+    before = buffer.copy()
+    for _ in range(2):
+        got = plan.run_packed(buffer, layout)
+        expected = plan.run(ids_list)
+        assert [g.shape for g in got] == [e.shape for e in expected] == [(5, DIM), (5, 3), (5, DIM), (5, 2, 3)]
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected))
+    assert np.array_equal(buffer, before)  # read, never written
+    assert engine.LookupPlan([]).run_packed(np.zeros(0, np.int64), engine.LookupPlan([]).packed([])) == []
+
+
+def test_packed_plan_errors(engine) -> None:
+    table = engine.EmbeddingTable("users", 2, np.array([1], np.int64), np.ones((1, 2), np.float32))
+    plan = engine.LookupPlan([(table, "none")])
+    with pytest.raises(RequestError, match="the plan has 1 bindings but 2 id arrays were given"):
+        plan.packed([(0, (1,)), (1, (1,))])
+    with pytest.raises(RequestError, match=r"ids for table 'users' must have shape \[B\] or \[B, L\], got shape \[1, 1, 1\]"):
+        plan.packed([(0, (1, 1, 1))])
+    with pytest.raises(ValueError, match="ids for table 'users': offset must be an integer >= 0, got -1"):
+        plan.packed([(-1, (1,))])
+    layout = plan.packed([(2, (3,))])
+    with pytest.raises(ValueError, match=r"packed ids must be a C-contiguous int64 array of shape \[N\] with N >= 5, got int64 array of shape \[4\]"):
+        plan.run_packed(np.ones(4, np.int64), layout)
+    with pytest.raises(ValueError, match=r"with N >= 5, got int32 array of shape \[8\]"):
+        plan.run_packed(np.ones(8, np.int32), layout)
+    with pytest.raises(ValueError, match=r"with N >= 5, got int64 array of shape \[16\] \(non-contiguous\)"):
+        plan.run_packed(np.ones(32, np.int64)[::2], layout)
+    assert plan.run_packed(np.array([0, 0, 1, -1, 7], np.int64), layout)[0].tolist() == [[1, 1], [0, 0], [0, 0]]
+
+
 def test_lookup_plan_errors(engine) -> None:
     table = engine.EmbeddingTable("users", 2, np.array([1], np.int64), np.ones((1, 2), np.float32))
     plan = engine.LookupPlan([(table, "none")])

@@ -81,6 +81,25 @@ def test_tables_and_dense_round_trip(tmp_path):
     assert (tmp_path / "42/embedding/input_layer/item/ev.safetensors").is_file()
 
 
+@pytest.mark.parametrize("storage", [STORAGE, RemoteLikeStorage()], ids=["local", "remote"])
+def test_table_rows_load_on_cache_lines_in_chunks(tmp_path, storage, monkeypatch):
+    """Rows land in the engine's layout (recserve.embedding.empty_rows): the first row on a
+    64-byte line; read in chunks (here 7 rows, so the last chunk is short), equal to the file."""
+    from recserve.model_store import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_ROWS_CHUNK_BYTES", 7 * 3 * 4)
+    values = np.random.default_rng(1).standard_normal((50, 3)).astype(np.float32)
+    path = tmp_path / "t.safetensors"
+    safetensors.numpy.save_file({"keys": np.arange(50, dtype=np.int64), "values": values}, str(path))
+    got = read_table(storage, str(path))
+    assert got.values.ctypes.data % 64 == 0 and got.values.flags.writeable
+    assert got.values.tobytes() == values.tobytes()
+    # Values of another dtype are not converted on the way: the table check refuses them.
+    safetensors.numpy.save_file({"keys": np.arange(50, dtype=np.int64), "values": values.astype(np.float16)}, str(path))
+    with pytest.raises(CorruptVersionError, match="values has dtype float16; expected float32"):
+        read_table(storage, str(path))
+
+
 def test_empty_checkpoint_loads_with_no_tables(tmp_path):
     version = write_checkpoint(tmp_path, {}, global_step=0)
     (ref,) = list_full_versions(STORAGE, str(tmp_path))
