@@ -201,8 +201,8 @@ def run() -> list[Row]:
         mlp = mlp_model(Path(tmp) / "mlp.onnx")
         r = alternate(
             {
-                "1": _group(mlp, session_num=1),
-                "2": _group(mlp, session_num=2, intra_op_parallelism_threads=1),
+                "1": _group(mlp, session_num=1, prepack_weights=False),
+                "2": _group(mlp, session_num=2, intra_op_parallelism_threads=1, prepack_weights=False),
             },
             clients=4, batch_sizes=[8],
         )
@@ -241,7 +241,7 @@ def run() -> list[Row]:
 
         r = alternate(
             {
-                "shared": _group(mlp, session_num=1, intra_op_parallelism_threads=1),
+                "shared": _group(mlp, session_num=1, intra_op_parallelism_threads=1, prepack_weights=False),
                 "prepacked": _group(mlp, session_num=1, intra_op_parallelism_threads=1, prepack_weights=True),
             },
             clients=1, batch_sizes=[8],

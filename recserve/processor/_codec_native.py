@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -70,16 +70,9 @@ _Step = Callable[[np.ndarray, bytes], Iterable[np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)
-class _Recipe:
-    """How the values of one layout become the request's arrays. Immutable."""
+class WireInput:
+    """Where one input of a decoded request sits in the values buffer. Immutable."""
 
-    signature_name: str
-    output_filter: tuple[str, ...]
-    steps: tuple[tuple[tuple[str, ...], _Step], ...]   # (input names, their arrays)
-
-
-@dataclass(frozen=True, slots=True)
-class _Input:
     name: str
     out: int
     dims: tuple[int, ...]
@@ -87,25 +80,49 @@ class _Input:
     count: int   # wire values
 
     @property
+    def int64_values(self) -> bool:
+        """Whether values[slot:slot + count] are the input's values as int64 (integer and
+        bool inputs, widened: what a safe cast to int64 of the array gives)."""
+        return self.out != _STRING and _OUT[self.out][1] is _I8
+
+    def reader(self) -> Callable[[np.ndarray, bytes], np.ndarray]:
+        """(values, request bytes) -> this input's array, as `decode` gives it."""
+        if self.out != _STRING:
+            return _array_reader(self, 1)
+        step = _string_step(self)
+        return lambda values, data: next(iter(step(values, data)))
+
+    @property
     def slots(self) -> int:
         if self.out == _STRING:
             return 2 * self.count
         return -(-self.count * _OUT[self.out][1].itemsize // 8)
 
-    def follows(self, prev: _Input) -> bool:
+    def follows(self, prev: WireInput) -> bool:
         """Same dtype and shape, values right after prev's, no padding between: one block."""
         return (self.out == prev.out != _STRING and self.dims == prev.dims and
                 self.slot == prev.slot + prev.slots and prev.slots * 8 == prev.count * _OUT[prev.out][1].itemsize)
 
 
-def _array_step(first: _Input, rows: int) -> _Step:
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How the values of one layout become the request's arrays. Immutable."""
+
+    signature_name: str
+    output_filter: tuple[str, ...]
+    inputs: tuple[WireInput, ...]
+    steps: tuple[tuple[tuple[str, ...], _Step], ...]   # (input names, their arrays)
+
+
+def _array_reader(first: WireInput, rows: int) -> Callable[[np.ndarray, bytes], np.ndarray]:
+    """The array of `first` (rows 1), or the [rows, ...] block of it and the inputs after it."""
     out, wire = _OUT[first.out]
     start, stop, total = first.slot, first.slot + rows * first.slots, rows * first.count
     shape = (rows, *first.dims) if rows > 1 else first.dims
     cast_to = out if out.kind in "iub" and out != wire or out == np.float16 else None
     view_as = out if out.kind == "c" else None
 
-    def step(values: np.ndarray, data: bytes) -> Iterable[np.ndarray]:
+    def read(values: np.ndarray, data: bytes) -> np.ndarray:
         flat = values[start:stop]
         if wire is not _I8:
             flat = flat.view(wire)[:total]
@@ -113,12 +130,18 @@ def _array_step(first: _Input, rows: int) -> _Step:
             flat = flat.astype(cast_to)
         elif view_as is not None:
             flat = flat.view(view_as)
-        block = flat.reshape(shape)
-        return block if rows > 1 else (block,)
-    return step
+        return flat.reshape(shape)
+    return read
 
 
-def _string_step(first: _Input) -> _Step:
+def _array_step(first: WireInput, rows: int) -> _Step:
+    read = _array_reader(first, rows)
+    if rows > 1:
+        return read
+    return lambda values, data: (read(values, data),)
+
+
+def _string_step(first: WireInput) -> _Step:
     start, stop, count, dims = first.slot, first.slot + 2 * first.count, first.count, first.dims
 
     def step(values: np.ndarray, data: bytes) -> Iterable[np.ndarray]:
@@ -129,7 +152,7 @@ def _string_step(first: _Input) -> _Step:
     return step
 
 
-def _recipe(layout: bytes) -> _Recipe:
+def _recipe(layout: bytes) -> Recipe:
     at = 0
 
     def number() -> int:
@@ -155,7 +178,7 @@ def _recipe(layout: bytes) -> _Recipe:
     for _ in range(number()):
         name, out = text(), number()
         dims = tuple(number() for _ in range(number()))
-        inputs.append(_Input(name, out, dims, number(), number()))
+        inputs.append(WireInput(name, out, dims, number(), number()))
     steps = []
     i = 0
     while i < len(inputs):
@@ -165,10 +188,10 @@ def _recipe(layout: bytes) -> _Recipe:
         names = tuple(x.name for x in inputs[i:i + rows])
         steps.append((names, _string_step(first) if first.out == _STRING else _array_step(first, rows)))
         i += rows
-    return _Recipe(signature_name, output_filter, tuple(steps))
+    return Recipe(signature_name, output_filter, tuple(inputs), tuple(steps))
 
 
-_recipes: dict[bytes, _Recipe] = {}
+_recipes: dict[bytes, Recipe] = {}
 
 
 class _Scratch:
@@ -186,9 +209,25 @@ class _Scratch:
 _local = threading.local()
 
 
-def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None:
-    """(signature_name, inputs, output_filter), or None to leave `data` to the generated parser.
-    Arrays are views of one fresh buffer per request (writeable, not shared)."""
+class ParsedRequest(NamedTuple):
+    """A request as the C parser left it: one fresh int64 buffer of values (writeable, not
+    shared) and the recipe of its layout; `layout` (bytes) keys anything cached per layout."""
+
+    values: np.ndarray
+    data: bytes
+    layout: bytes
+    recipe: Recipe
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """{name: array}, views of `values`."""
+        inputs: dict[str, np.ndarray] = {}
+        for names, step in self.recipe.steps:
+            inputs.update(zip(names, step(self.values, self.data)))
+        return inputs
+
+
+def parse(data: bytes) -> ParsedRequest | None:
+    """The parsed request, or None to leave `data` to the generated parser."""
     size = len(data)
     values = np.empty(size + 1, np.int64)   # the C side's bound: one slot per wire byte
     try:
@@ -207,7 +246,13 @@ def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | 
         if len(_recipes) >= _CACHE_LIMIT:
             _recipes.clear()
         recipe = _recipes[layout] = _recipe(layout)
-    inputs: dict[str, np.ndarray] = {}
-    for names, step in recipe.steps:
-        inputs.update(zip(names, step(values, data)))
-    return recipe.signature_name, inputs, recipe.output_filter
+    return ParsedRequest(values, data, layout, recipe)
+
+
+def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None:
+    """(signature_name, inputs, output_filter), or None to leave `data` to the generated parser.
+    Arrays are views of one fresh buffer per request (writeable, not shared)."""
+    parsed = parse(data)
+    if parsed is None:
+        return None
+    return parsed.recipe.signature_name, parsed.inputs(), parsed.recipe.output_filter

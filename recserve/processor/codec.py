@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
@@ -39,17 +39,21 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message, message_fa
 from recserve.errors import InternalError, RequestError
 from recserve.proto import predict_pb2 as pb
 
+if TYPE_CHECKING:
+    from recserve.processor._codec_native import ParsedRequest
+
 _NativeDecode = Callable[[bytes], "tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None"]
+_NativeParse = Callable[[bytes], "ParsedRequest | None"]
 
 
-def _native_decoder() -> _NativeDecode | None:
+def _native_codec() -> tuple[_NativeDecode, _NativeParse] | tuple[None, None]:
     if os.environ.get("RECSERVE_PURE_PYTHON") == "1":
-        return None
-    from recserve.processor._codec_native import decode
-    return decode
+        return None, None
+    from recserve.processor._codec_native import decode, parse
+    return decode, parse
 
 
-_native = _native_decoder()
+_native, _native_parse = _native_codec()
 
 __all__ = [
     "DecodedRequest",
@@ -59,6 +63,7 @@ __all__ = [
     "encode_model_info",
     "encode_request",
     "encode_response",
+    "parse_request",
 ]
 
 
@@ -433,6 +438,15 @@ def decode_request(data: bytes) -> DecodedRequest:
         return _decode_python(data)
     decoded = _native(data if type(data) is bytes else bytes(data))
     return _decode_message(data) if decoded is None else DecodedRequest(*decoded)
+
+
+def parse_request(data: bytes) -> ParsedRequest | None:
+    """The native parser's raw result (one int64 values buffer and its layout's recipe) for
+    callers that feed the values on without building arrays; None when the native codec is
+    off or declines the bytes: then `decode_request` (which owns every error message)."""
+    if _native is None or _native_parse is None:
+        return None
+    return _native_parse(data if type(data) is bytes else bytes(data))
 
 
 def decode_response(data: bytes) -> dict[str, np.ndarray]:

@@ -325,10 +325,11 @@ class ProcessorConfig:
         "without this every session keeps its own pools.",
         origin="recserve",
     )
-    prepack_weights: bool = _field(
-        False, kinds.boolean(), "honoured",
-        "Let every session keep its own prepacked copy of MatMul/Gemm weights (faster for wide "
-        "layers, but memory then grows with session_num).",
+    prepack_weights: bool | str = _field(
+        "auto", kinds.boolean_or_auto(), "honoured",
+        "Let every session keep its own prepacked copy of MatMul/Gemm weights (faster, but "
+        "memory then grows with session_num). auto: prepack when one session serves the model "
+        "and its shared dense weights total at most 256 MiB (one extra copy), else share.",
         origin="recserve",
     )
     redis_cluster: bool = _field(False, kinds.boolean(), "honoured", "feature_store_type redis: redis_url is a node of a Redis Cluster (redis-py's cluster client).", origin="recserve")

@@ -193,6 +193,29 @@ def boolean() -> Kind:
     return Kind("bool", "true, false (or 1, 0)", read)
 
 
+def boolean_or_auto() -> Kind:
+    """true, false (or 1, 0), or "auto": recserve decides (the field's help says how)."""
+    base = boolean()
+
+    def read(name: str, value: Any) -> bool | str:
+        if value == "auto" and isinstance(value, str):
+            return "auto"
+        if isinstance(value, str):
+            hint = close_match(value, ["auto", "true", "false"])
+            message = f'{name} must be true, false or "auto", got {show(value)}'
+            if hint == "auto":
+                message += '; did you mean "auto"?'
+            elif hint is not None:
+                message += f" (a JSON boolean, not a string); did you mean {hint}?"
+            raise ConfigError(message, field=name)
+        try:
+            return base.read(name, value)
+        except ConfigError:
+            raise _wrong_type(name, 'true, false or "auto"', value) from None
+
+    return Kind("bool or string", 'true, false (or 1, 0), "auto"', read)
+
+
 def only_false(reason: str) -> Kind:
     """A bool recserve accepts only as false; true is refused with `reason`."""
     base = boolean()

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Generic, Protocol, TypeVar
 
 from recserve.errors import ModelNotReadyError
@@ -37,6 +35,28 @@ class _Handle(Generic[S]):
         self.servable = servable
         self.leases = 0
         self.retired = False
+
+
+class _Lease(Generic[S]):
+    """One request's hold on a servable (a class, not @contextmanager: it is on every request)."""
+
+    __slots__ = ("_handle", "_manager")
+
+    def __init__(self, manager: ServableManager[S]) -> None:
+        self._manager = manager
+
+    def __enter__(self) -> S:
+        manager = self._manager
+        with manager._lock:
+            handle = manager._current
+            if handle is None:
+                raise ModelNotReadyError(f"model {manager._model_name!r} has no version loaded yet")
+            handle.leases += 1
+        self._handle = handle
+        return handle.servable
+
+    def __exit__(self, *exc: object) -> None:
+        self._manager._release(self._handle)
 
 
 class ServableManager(Generic[S]):
@@ -67,21 +87,16 @@ class ServableManager(Generic[S]):
         handle = self._current
         return handle.servable if handle else None
 
-    @contextmanager
-    def acquire(self) -> Iterator[S]:
+    def acquire(self) -> _Lease[S]:
+        """`with manager.acquire() as servable:` -- the current servable, leased."""
+        return _Lease(self)
+
+    def _release(self, handle: _Handle[S]) -> None:
         with self._lock:
-            handle = self._current
-            if handle is None:
-                raise ModelNotReadyError(f"model {self._model_name!r} has no version loaded yet")
-            handle.leases += 1
-        try:
-            yield handle.servable
-        finally:
-            with self._lock:
-                handle.leases -= 1
-                close_now = handle.retired and handle.leases == 0
-            if close_now:
-                self._retired.put(handle.servable)
+            handle.leases -= 1
+            close_now = handle.retired and handle.leases == 0
+        if close_now:
+            self._retired.put(handle.servable)
 
     def swap(self, servable: S | None) -> None:
         """Serve `servable` from now on; the previous one closes once its last lease ends."""

@@ -145,16 +145,8 @@ class Processor:
         try:
             if not data:
                 return 200, json.dumps(self.signature_info()).encode()
-            with trace.span("decode"):
-                request = codec.decode_request(data)
-            outputs = self.predict(
-                request.inputs,
-                request.output_filter,
-                signature_name=request.signature_name or None,
-                trace=trace,
-            )
-            with trace.span("encode"):
-                return 200, codec.encode_response(outputs)
+            with self._manager.acquire() as servable:
+                return 200, servable.process(data, trace)
         except RecserveError as exc:
             return exc.status, exc.message.encode()
         except Exception as exc:  # the C ABI's callers must never see an exception

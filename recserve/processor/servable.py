@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,12 +19,17 @@ from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint, bound_table_rows
 from recserve.model_store.model_dir import ModelDir
+from recserve.processor import codec
 from recserve.processor.config import ProcessorConfig
+from recserve.processor.request_route import RequestRoute
 from recserve.processor.session_group import SessionGroup
 from recserve.processor.signature import DEFAULT_SIGNATURE, GraphTensor, Signature, build_signatures
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.placed_inputs import PlacedInputs
 from recserve.runtime.placement import PlacedModel
+
+if TYPE_CHECKING:
+    from recserve.processor._codec_native import ParsedRequest
 
 __all__ = ["Servable", "build_tables"]
 
@@ -77,6 +82,9 @@ class Servable:
     # Plain ONNX models under enable_device_placement_optimization: ids -> rows on the CPU.
     placed: PlacedInputs | None = None
     redis: RedisTableSet | None = None
+    # Request layout (the native parser's) -> its route; see request_route. Filled as
+    # layouts arrive; races only cost a rebuild.
+    routes: dict[bytes, RequestRoute] = field(default_factory=dict)
 
     @classmethod
     def load(
@@ -156,6 +164,50 @@ class Servable:
             placed=PlacedInputs(placed) if placed is not None else None,
             redis=redis,
         )
+
+    def process(self, data: bytes, trace: RequestTrace) -> bytes:
+        """PredictResponse bytes for PredictRequest bytes; raises RecserveError. Requests the
+        native parser takes are served by their layout's route (in-process tables only)."""
+        start = time.perf_counter_ns()
+        parsed = codec.parse_request(data) if self.placed is None and self.redis is None else None
+        route = None if parsed is None else self.routes.get(parsed.layout) or self._route(parsed)
+        if route is None:
+            request = codec.decode_request(data)
+            trace.add("decode", start)
+            outputs = self.predict(
+                request.inputs, request.output_filter, signature_name=request.signature_name or None, trace=trace
+            )
+        else:
+            trace.add("decode", start)
+            trace.batch_size = route.batch_size
+            trace.model_version = self.version
+            start = time.perf_counter_ns()
+            feeds = route.feeds(parsed)
+            trace.add("lookup", start)
+            start = time.perf_counter_ns()
+            outputs = dict(zip(route.output_keys, self.sessions.run(route.output_names, feeds, trace=trace)))
+            trace.add("run", start)
+        start = time.perf_counter_ns()
+        response = codec.encode_response(outputs)
+        trace.add("encode", start)
+        return response
+
+    _MAX_ROUTES = 1024
+
+    def _route(self, parsed: ParsedRequest) -> RequestRoute | None:
+        """The route of the first request of a layout, validated the general way (raises
+        RequestError); None when its layout cannot be served in place."""
+        recipe = parsed.recipe
+        sig = self.signature(recipe.signature_name or None)
+        arrays = sig.resolve_inputs(parsed.inputs())
+        chosen = sig.resolve_outputs(recipe.output_filter)
+        dense, bound, plan = self.plans[sig.name]
+        route = RequestRoute.build(sig, plan, dense, bound, parsed, arrays, chosen)
+        if route is not None:
+            if len(self.routes) >= self._MAX_ROUTES:
+                self.routes.clear()
+            self.routes[parsed.layout] = route
+        return route
 
     def signature(self, name: str | None) -> Signature:
         sig = self.signatures.get(name or self.default_signature)

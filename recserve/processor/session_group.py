@@ -35,9 +35,10 @@ from recserve.runtime.session_policy import SessionPolicy
 from recserve.runtime.shared_weights import SharedInitializers
 from recserve.runtime.threads import global_thread_pools, use_global_thread_pools
 
-__all__ = ["SessionGroup", "device_settings", "thread_settings"]
+__all__ = ["PREPACK_AUTO_MAX_BYTES", "SessionGroup", "device_settings", "prepacks", "thread_settings"]
 
 _MAX_REMEMBERED_THREADS = 4096
+_EPFail = ort.capi.onnxruntime_pybind11_state.EPFail
 
 
 def thread_settings(config: ProcessorConfig, index: int, *, per_session_threads: bool = True) -> ThreadSettings:
@@ -67,6 +68,19 @@ def device_settings(config: ProcessorConfig, index: int, stream: int | None = No
         trt_engine_cache_path=config.trt_engine_cache_path,
         max_batch_size=config.max_batch_size,
     )
+
+
+# prepack_weights "auto" prepacks only where it costs one extra copy of at most this much.
+PREPACK_AUTO_MAX_BYTES = 256 * 2**20
+
+
+def prepacks(config: ProcessorConfig, shared_bytes: int) -> bool:
+    """Whether the sessions prepack MatMul/Gemm weights: prepack_weights, "auto" decided.
+    Prepacked weights run faster (the DLRM MLP at batch 1: ~35% less time per run, and a
+    smaller cache footprint for the rest of the request) but are a private copy per session."""
+    if config.prepack_weights == "auto":
+        return config.session_count == 1 and shared_bytes <= PREPACK_AUTO_MAX_BYTES
+    return bool(config.prepack_weights)
 
 
 def _input_shapes(model_path: str) -> list[tuple[str, tuple[int | None, ...]]]:
@@ -126,8 +140,10 @@ class SessionGroup:
         per_session_threads = _uses_own_pools(config)
         # ORT keeps pointers to the shared buffers and streams: they live as long as the group.
         self._shared = SharedInitializers(model_path, dense_overrides)
+        self.prepacking = prepacks(config, self._shared.nbytes)
         self._streams = CudaStreams()
         self._sessions: list[ort.InferenceSession] = []
+        self._direct_runs: list[Any] = []
         self._pinned: dict[int, int] = {}
         self._pin_lock = threading.Lock()
         self._batcher: DynamicBatcher | None = None
@@ -141,7 +157,7 @@ class SessionGroup:
                     device = device_settings(config, index, self._streams.create(device.device_id))
                 providers = provider_list(device, shapes)
                 threads = thread_settings(config, index, per_session_threads=per_session_threads)
-                options = build_session_options(threads, prepacking=config.prepack_weights)
+                options = build_session_options(threads, prepacking=self.prepacking)
                 self._shared.add_to(options)
                 try:
                     session = ort.InferenceSession(model_path, options, providers=providers)
@@ -152,8 +168,9 @@ class SessionGroup:
                     where=f"session {index} of {model_path}",
                 )
                 self._sessions.append(session)
+                self._direct_runs.append(getattr(session, "_sess", session).run)
                 if self._profile_settings is None:
-                    self._profile_settings = (threads, config.prepack_weights, providers)
+                    self._profile_settings = (threads, self.prepacking, providers)
             first = self._sessions[0]
             self.inputs = [GraphTensor.from_ort(a) for a in first.get_inputs()]
             self.outputs = [GraphTensor.from_ort(a) for a in first.get_outputs()]
@@ -220,8 +237,16 @@ class SessionGroup:
             self._pinned[ident] = index
 
     def _run_on(self, index: int, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        names = output_names if type(output_names) is list else list(output_names)
+        feed = feeds if type(feeds) is dict else dict(feeds)
         try:
-            return self._sessions[index].run(list(output_names), dict(feeds))  # type: ignore[no-any-return]
+            try:
+                # The pybind session's run: InferenceSession.run is this call after checks the
+                # signature has already made (every input present; for the 27-input DLRM
+                # model ~10 us of property reads per request).
+                return self._direct_runs[index](names, feed, None)  # type: ignore[no-any-return]
+            except _EPFail:
+                return self._sessions[index].run(names, feed)  # type: ignore[no-any-return]  # falls back to CPU if allowed
         except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
             raise RequestError(f"the model rejected the inputs: {exc}") from exc
         except Exception as exc:
@@ -254,4 +279,5 @@ class SessionGroup:
             self._batcher.close()
             self._batcher = None
         self._sessions.clear()
+        self._direct_runs.clear()
         self._streams.close()

@@ -142,6 +142,10 @@ class Signature:
             names.setdefault(spec.name + ":0", alias)
         return names
 
+    def alias(self, name: str) -> str | None:
+        """The alias a request's input name (alias, tensor name or `name:0`) stands for."""
+        return self._names.get(name)
+
     def resolve_inputs(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Validated arrays keyed by alias; raises RequestError naming the problem."""
         names, specs = self._names, self.inputs

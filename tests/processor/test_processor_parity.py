@@ -16,6 +16,7 @@ from recserve.export import write_checkpoint, write_model_dir
 from recserve.export.demo import write_demo
 from recserve.export.reference import Reference
 from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec, SignatureSpec
+from recserve.processor.codec import decode_response, encode_request
 
 ROWS = 100_000
 DIM = 8
@@ -116,14 +117,30 @@ def random_model(tmp_path_factory: pytest.TempPathFactory):
     processor.close()
 
 
-def test_random_model_matches_reference_over_1000_requests(random_model) -> None:
+def _over_the_wire(processor: Processor, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    status, body = processor.process(encode_request(request))
+    assert status == 200, body[:300]
+    return decode_response(body)
+
+
+@pytest.mark.parametrize(
+    ("serve", "seed"),
+    [
+        (Processor.predict, 3),
+        # PredictRequest bytes in and out: the path of the C ABI and the servers, where
+        # each request layout is served by its route (recserve.processor.request_route).
+        (_over_the_wire, 13),
+    ],
+    ids=["predict", "process"],
+)
+def test_random_model_matches_reference_over_1000_requests(random_model, serve, seed) -> None:
     processor, model_dir, checkpoint_dir, known = random_model
     reference = Reference(model_dir, checkpoint_dir / "10")
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(1000):
         request = _random_request(rng, known)
-        got = processor.predict(request)
+        got = serve(processor, request)
         want = reference.predict(request)
         assert set(got) == {"probabilities", "logits"}
         for alias in ("probabilities", "logits"):

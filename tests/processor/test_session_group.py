@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from recserve.errors import ConfigError, ModelLoadError, RequestError
+from recserve.processor import session_group
 from recserve.processor.config import parse_config
 from recserve.processor.session_group import SessionGroup, device_settings
 from recserve.runtime.cpus import available_cpus
@@ -90,6 +91,34 @@ def test_every_policy_answers_concurrent_callers_correctly(model: str, policy: s
     for t in threads:
         t.join()
     assert errors == [] and sorted(set(used)) == [0, 1]
+    group.close()
+
+
+def test_auto_prepacks_one_session_with_small_weights_and_shares_otherwise(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disables_prepacking(group: SessionGroup) -> bool:
+        options = group._sessions[0].get_session_options()
+        try:
+            return options.get_session_config_entry("session.disable_prepacking") == "1"
+        except RuntimeError:  # never set: ONNX Runtime prepacks
+            return False
+
+    cases = {
+        "auto, one session": (_config(), True),
+        "auto, two sessions": (_config(session_num=2), False),
+        "true, two sessions": (_config(session_num=2, prepack_weights=True), True),
+        "false, one session": (_config(prepack_weights=False), False),
+    }
+    x = _x(3)
+    for name, (config, prepacked) in cases.items():
+        group = SessionGroup(model, config)
+        assert (group.prepacking, disables_prepacking(group)) == (prepacked, not prepacked), name
+        np.testing.assert_allclose(group.run(["y"], {"x": x})[0], x @ W + BIAS, rtol=1e-4, atol=1e-4)
+        group.close()
+    monkeypatch.setattr(session_group, "PREPACK_AUTO_MAX_BYTES", W.nbytes - 1)  # w is just too big
+    group = SessionGroup(model, _config())
+    assert (group.prepacking, disables_prepacking(group)) == (False, True)
     group.close()
 
 
