@@ -220,14 +220,17 @@ class ParsedRequest(NamedTuple):
 
     def inputs(self) -> dict[str, np.ndarray]:
         """{name: array}, views of `values`."""
-        inputs: dict[str, np.ndarray] = {}
-        for names, step in self.recipe.steps:
-            inputs.update(zip(names, step(self.values, self.data)))
-        return inputs
+        return _arrays(self.values, self.data, self.recipe)
 
 
-def parse(data: bytes) -> ParsedRequest | None:
-    """The parsed request, or None to leave `data` to the generated parser."""
+def _arrays(values: np.ndarray, data: bytes, recipe: Recipe) -> dict[str, np.ndarray]:
+    inputs: dict[str, np.ndarray] = {}
+    for names, step in recipe.steps:
+        inputs.update(zip(names, step(values, data)))
+    return inputs
+
+
+def _parse(data: bytes) -> tuple[np.ndarray, bytes, Recipe] | None:
     size = len(data)
     values = np.empty(size + 1, np.int64)   # the C side's bound: one slot per wire byte
     try:
@@ -246,13 +249,20 @@ def parse(data: bytes) -> ParsedRequest | None:
         if len(_recipes) >= _CACHE_LIMIT:
             _recipes.clear()
         recipe = _recipes[layout] = _recipe(layout)
-    return ParsedRequest(values, data, layout, recipe)
+    return values, layout, recipe
+
+
+def parse(data: bytes) -> ParsedRequest | None:
+    """The parsed request, or None to leave `data` to the generated parser."""
+    parsed = _parse(data)
+    return None if parsed is None else ParsedRequest(parsed[0], data, parsed[1], parsed[2])
 
 
 def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None:
     """(signature_name, inputs, output_filter), or None to leave `data` to the generated parser.
     Arrays are views of one fresh buffer per request (writeable, not shared)."""
-    parsed = parse(data)
+    parsed = _parse(data)
     if parsed is None:
         return None
-    return parsed.recipe.signature_name, parsed.inputs(), parsed.recipe.output_filter
+    values, _, recipe = parsed
+    return recipe.signature_name, _arrays(values, data, recipe), recipe.output_filter
