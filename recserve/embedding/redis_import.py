@@ -164,7 +164,7 @@ def _retire(conn: RedisConnection, space: KeySpace, version: str, grace_ms: int)
     def expire(c: Any) -> None:
         c.pexpire(space.ready(version), grace_ms)  # before the rows: ready implies rows
         c.zrem(space.versions, version)
-        for pattern in (space.version_pattern(version), space.sample_pattern(version)):
+        for pattern in (space.version_pattern(version), space.sample_pattern(version), space.delta_pattern(version)):
             pipe = c.pipeline(transaction=False)
             for i, key in enumerate(c.scan_iter(match=pattern, count=1000), 1):
                 pipe.pexpire(key, grace_ms)

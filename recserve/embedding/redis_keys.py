@@ -61,6 +61,13 @@ class KeySpace:
     def lock(self, version: str) -> str:
         return f"{self._tag}:lock:{_name(version)}"
 
+    def delta(self, version: str, global_step: int | str) -> str:
+        """Set once a replica has written the delta of `version` at `global_step` to Redis."""
+        return f"{self._tag}:delta:{_name(version)}:{global_step}"
+
+    def delta_pattern(self, version: str) -> str:
+        return self.delta(version, "*")
+
     def sample(self, version: str, table: str) -> str:
         return f"{self._tag}:sample:{_name(version)}:{_name(table)}"
 

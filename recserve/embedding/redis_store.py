@@ -99,11 +99,12 @@ class RedisTableSet:
         conn: RedisConnection,
         readers: ThreadPoolExecutor,
         follower: VersionFollower,
+        space: KeySpace,
     ) -> None:
         self.info = info
         self.imported = imported  # whether this replica wrote the version into Redis
         self.tables = tables
-        self._conn, self._readers, self._follower = conn, readers, follower
+        self._conn, self._readers, self._follower, self._space = conn, readers, follower, space
 
     @property
     def version(self) -> str:
@@ -116,6 +117,20 @@ class RedisTableSet:
     @property
     def follower(self) -> VersionFollower:
         return self._follower
+
+    def apply_delta(self, delta: Checkpoint, apply: Callable[[Mapping[str, object], Checkpoint], int]) -> int:
+        """A delta's rows, by `apply` (the updater's apply_delta): written to Redis (and its
+        cache) by the first replica to apply it; the others drop the changed keys from their
+        caches and read them from Redis again. A marker per delta, which lives as long as the
+        version, records the write, so a replica applying the delta later (one that starts,
+        or lags) never writes older rows over newer stream updates. Replicas applying one
+        delta at the same moment may both write it: the same rows."""
+        marker = self._space.delta(self.version, delta.ref.global_step)
+        if self._conn.call("reading a delta marker", lambda c: c.exists(marker)):
+            return apply({name: table.invalidation for name, table in self.tables.items()}, delta)
+        changed = apply(self.tables, delta)
+        self._conn.call("writing a delta marker", lambda c: c.set(marker, b"1"))
+        return changed
 
     def lookup_plan(self, bindings: Sequence[tuple[str, str]]) -> RedisLookupPlan:
         """A plan over (table name, combiner) pairs, in the order of the request's id arrays."""
@@ -223,4 +238,4 @@ def open_redis_tables(
             readers.shutdown(wait=False)
         conn.close()
         raise
-    return RedisTableSet(info, imported, tables, conn, readers, follower)
+    return RedisTableSet(info, imported, tables, conn, readers, follower, space)

@@ -36,7 +36,7 @@ from recserve.embedding.redis_keys import decode_rows, row_keys
 from recserve.errors import StorageError
 from recserve.model_spec import DefaultSpec
 
-__all__ = ["RedisTable", "VersionLost"]
+__all__ = ["CacheInvalidation", "RedisTable", "VersionLost"]
 
 log = logging.getLogger("recserve.embedding")
 
@@ -248,6 +248,11 @@ class RedisTable:
                 self.cache.delete(deleted)
             self._evict()
 
+    @property
+    def invalidation(self) -> CacheInvalidation:
+        """upsert/delete that only drop the keys from the cache (see CacheInvalidation)."""
+        return CacheInvalidation(self)
+
     def upsert(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Write rows to this version in Redis, then to the cache (the updater's deltas)."""
         keys, values = _inputs.check_rows(f"table {self.name!r}", self.dim, keys, values)
@@ -272,3 +277,20 @@ class RedisTable:
         if not self._sample.size:
             raise ValueError(f"table {self.name!r} has no rows to sample keys from")
         return rng.choice(self._sample, size=n)
+
+
+class CacheInvalidation:
+    """A RedisTable's upsert/delete for a delta another replica already wrote to Redis: the
+    changed keys only leave the cache, and their next lookup reads Redis, which holds the
+    delta's rows or anything newer (stream updates). Thread-safe as the table."""
+
+    def __init__(self, table: RedisTable) -> None:
+        self._table = table
+        self.dim = table.dim
+
+    def upsert(self, keys: np.ndarray, values: np.ndarray) -> None:
+        self.delete(keys)
+
+    def delete(self, keys: np.ndarray) -> None:
+        keys = _inputs.check_keys(f"table {self._table.name!r}", keys).reshape(-1)
+        self._table.apply_update(_NO_KEYS, np.zeros((0, self.dim), np.float32), keys)

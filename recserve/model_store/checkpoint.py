@@ -9,7 +9,7 @@ may contain "/" (DeepRec variable names do); the file then sits in subdirectorie
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,24 +178,31 @@ class Checkpoint:
     manifest: Manifest
     tables: dict[str, TableData]
     dense: dict[str, np.ndarray]
+    # Loaded without its tables (load_checkpoint(tables=False)): reads the version again,
+    # tables included, for the one who needs the rows after all (a Redis import).
+    with_tables: Callable[[], Checkpoint] | None = None
 
 
-def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest) -> Checkpoint:
-    """Read every table and the dense file listed in `manifest`.
+def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, tables: bool = True) -> Checkpoint:
+    """Read every table and the dense file listed in `manifest`; with tables=False only the
+    dense file (a replica serving tables from Redis reads rows only if it imports them).
 
     Does not verify checksums: call `verify` first (`newest_complete_version` does).
     Files the manifest lists outside `embedding/*.safetensors` and `dense.safetensors`
     are left alone."""
-    tables: dict[str, TableData] = {}
+    rows: dict[str, TableData] = {}
     dense: dict[str, np.ndarray] = {}
     for name in sorted(manifest.files):
         if name == DENSE_FILE:
             dense = read_dense(storage, join(ref.path, name))
-        elif name.startswith(EMBEDDING_DIR) and name.endswith(TABLE_SUFFIX):
+        elif tables and name.startswith(EMBEDDING_DIR) and name.endswith(TABLE_SUFFIX):
             table = name[len(EMBEDDING_DIR) : -len(TABLE_SUFFIX)]
             if table:
-                tables[table] = read_table(storage, join(ref.path, name))
-    return Checkpoint(ref=ref, manifest=manifest, tables=tables, dense=dense)
+                rows[table] = read_table(storage, join(ref.path, name))
+    if tables:
+        return Checkpoint(ref=ref, manifest=manifest, tables=rows, dense=dense)
+    return Checkpoint(ref=ref, manifest=manifest, tables={}, dense=dense,
+                      with_tables=lambda: load_checkpoint(storage, ref, manifest))
 
 
 def bound_table_rows(

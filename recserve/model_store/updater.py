@@ -56,6 +56,8 @@ class _Servable(Protocol):
     version: str
     tables: Mapping[str, Any]
 
+    def apply_delta(self, delta: Checkpoint) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -118,8 +120,12 @@ class ModelUpdater:
         wait: Callable[[float], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         model_name: str = "default",
+        load_tables: bool = True,
     ) -> None:
         self.watcher = watcher
+        # False: full versions reach `build` without their table rows (Checkpoint.with_tables
+        # reads them on demand): tables served from Redis are read only by their importer.
+        self._load_tables = load_tables
         self._manager = manager
         self._build = build
         self._warmup = warmup
@@ -207,7 +213,7 @@ class ModelUpdater:
             except ModelLoadError as exc:
                 self.watcher.record_failure("corrupt", candidate.ref.path, exc)
                 break
-            rows = apply_delta(servable.tables, delta)
+            rows = servable.apply_delta(delta)
             applied = candidate.ref.global_step
             self._delta_updates += 1
             log.info("model %r: applied delta %s of version %s (%d rows) in %.3f s",
@@ -220,7 +226,9 @@ class ModelUpdater:
         started = self._clock()
         ref = candidate.ref
         try:
-            servable = self._build(load_checkpoint(self.watcher.reader, ref, candidate.manifest))
+            servable = self._build(
+                load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=self._load_tables)
+            )
         except RecserveError:
             raise
         except Exception as exc:  # onnxruntime and the engine raise their own types

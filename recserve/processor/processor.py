@@ -98,6 +98,7 @@ class Processor:
             warmup=self._warmup.run,
             pinned=self.config.pinned_version,
             model_name=self.model_name,
+            load_tables=not self.config.uses_redis,
         )
         minutes = self.config.init_timeout_minutes
         self._updater.load_initial(None if minutes == -1 else minutes * 60.0)

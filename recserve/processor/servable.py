@@ -19,6 +19,7 @@ from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint, bound_table_rows
 from recserve.model_store.model_dir import ModelDir
+from recserve.model_store.updater import apply_delta
 from recserve.processor import codec
 from recserve.processor.config import ProcessorConfig
 from recserve.processor.request_route import RequestRoute
@@ -103,7 +104,9 @@ class Servable:
                     "feature_store_type redis serves tables bound in model.json; a plain ONNX model "
                     "under enable_device_placement_optimization keeps its tables in the process"
                 )
-            redis = open_redis_tables(model.spec.embeddings, checkpoint, config, model_name)
+            redis = open_redis_tables(
+                model.spec.embeddings, checkpoint, config, model_name, reload=checkpoint.with_tables
+            )
         try:
             return cls._load(model, checkpoint, config, placed, redis, model_name)
         except BaseException:
@@ -255,6 +258,13 @@ class Servable:
         for (_, graph_input, _), out in zip(bound, plan.run(ids_list)):
             feeds[graph_input] = out
         return feeds
+
+    def apply_delta(self, delta: Checkpoint) -> int:
+        """A delta's rows and deletions, in place (the updater checked it fits this version);
+        returns the rows changed."""
+        if self.redis is not None:
+            return self.redis.apply_delta(delta, apply_delta)
+        return apply_delta(self.tables, delta)
 
     def _lookup_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
         # A placed Gather's ids may have any rank: look them up flat, give ids.shape + [dim].

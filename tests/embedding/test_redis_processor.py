@@ -63,6 +63,39 @@ def test_replicas_answer_like_the_memory_engine(demo: DemoModel, replicas: list[
     assert client.exists(space.ready("1")) and client.get(space.lock("1")) is None
 
 
+def test_only_the_importer_reads_table_files(
+    demo: DemoModel, redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that finds the version in Redis never loads the checkpoint's rows: the point
+    of a shared store is that replicas do not each hold the tables."""
+    from recserve.model_store import checkpoint
+
+    reads: list[str] = []
+    original = checkpoint.read_table
+
+    def counting(storage: Any, path: str) -> Any:
+        reads.append(path)
+        return original(storage, path)
+
+    monkeypatch.setattr(checkpoint, "read_table", counting)
+    importer = Processor(redis_config(demo, redis_server))
+    try:
+        assert len(reads) == len(demo_tables())
+        reads.clear()
+        follower = Processor(redis_config(demo, redis_server))
+        try:
+            assert reads == []
+            inputs = demo.sample_inputs(16, np.random.default_rng(2))
+            want = importer.predict(inputs)
+            got = follower.predict(inputs)
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])
+        finally:
+            follower.close()
+    finally:
+        importer.close()
+
+
 def test_new_version_switches_without_mixed_responses(demo: DemoModel, replicas: list[Processor]) -> None:
     tables = demo_tables()
     scaled = {name: (data.keys, data.values * 2) for name, data in tables.items()}

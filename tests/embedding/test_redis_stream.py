@@ -98,3 +98,42 @@ def test_writer_refuses_what_does_not_fit(redis_server: Any, tmp_path: Path) -> 
                 writer.write("user", np.array([-1]), np.ones((1, 4), np.float32))
         finally:
             store.close()
+
+
+def test_a_delta_is_written_once_and_never_over_newer_stream_rows(redis_server: Any, tmp_path: Path) -> None:
+    """The first replica to apply a delta writes it to Redis; a replica applying it later (it
+    lagged, or started later) writes nothing and drops the keys from its cache, so a stream
+    update made in between is what both serve."""
+    from recserve.model_store.updater import apply_delta
+
+    ckpt = checkpoint(tmp_path, 1)
+    first, late = (open_redis_tables(BINDINGS, ckpt, config(redis_server), "m") for _ in range(2))
+    writer = RowUpdateWriter(redis_server.url, "m")
+    client = redis_server.client()
+
+    def msets() -> int:
+        return int(client.info("commandstats").get("cmdstat_mset", {}).get("calls", 0))
+
+    try:
+        plans = [r.lookup_plan([("user", "none")]) for r in (first, late)]
+        ids = KEYS[:4]
+        plans[1].run([ids])  # the late replica caches the version's rows
+        delta = Checkpoint(
+            VersionRef("2", "unused", 2), ckpt.manifest,
+            {"user": TableData(KEYS[:2], np.full((2, 4), 20, np.float32), deleted=KEYS[2:3])}, {},
+        )
+        before = msets()
+        assert first.apply_delta(delta, apply_delta) == 3
+        assert msets() - before == 1  # one chunk, one replica
+        writer.write("user", KEYS[:1], np.full((1, 4), 30, np.float32))  # newer than the delta
+        before = msets()
+        assert late.apply_delta(delta, apply_delta) == 3
+        assert msets() == before
+        want = np.concatenate([np.full((1, 4), 30, np.float32), np.full((1, 4), 20, np.float32),
+                               default_vectors(DEFAULT, KEYS[2:3], 4), np.ones((1, 4), np.float32)])
+        for plan in plans:
+            eventually(lambda plan=plan: np.array_equal(plan.run([ids])[0], want), "the stream row is served")
+    finally:
+        writer.close()
+        for r in (first, late):
+            r.close()
