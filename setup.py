@@ -61,7 +61,9 @@ if os.path.exists("native/processor_shim.c"):
         SharedLibrary(
             "recserve.libserving_processor",
             sources=["native/processor_shim.c"],
-            include_dirs=["native", sysconfig.get_paths()["include"]],
+            # processor.h ships inside the package, beside the library (`recserve include-path`).
+            depends=["recserve/include/processor.h"],
+            include_dirs=["recserve/include", sysconfig.get_paths()["include"]],
             libraries=[f"python{sysconfig.get_config_var('LDVERSION')}", "dl"],
             library_dirs=[libdir],
             runtime_library_dirs=[libdir],

@@ -15,7 +15,7 @@ from pathlib import Path
 from recserve.errors import InternalError, RecserveError
 from recserve.processor.processor import Processor
 
-__all__ = ["close", "library_path", "model_info", "open_processor", "process", "process_batch"]
+__all__ = ["close", "include_dir", "library_path", "model_info", "open_processor", "process", "process_batch"]
 
 LIBRARY_NAME = "libserving_processor.so"
 
@@ -31,6 +31,12 @@ def library_path() -> str:
             "(or `python setup.py build_ext --inplace`) in the recserve checkout, or reinstall recserve"
         )
     return str(path)
+
+
+def include_dir() -> str:
+    """The directory holding processor.h, DeepRec's C ABI as recserve ships it (what
+    `recserve include-path` prints): for hosts that link instead of dlopen."""
+    return str(Path(__file__).resolve().parent.parent / "include")
 
 
 def _failure(exc: Exception) -> tuple[int, str]:

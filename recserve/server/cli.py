@@ -28,6 +28,13 @@ def _lib_path(args: argparse.Namespace) -> int:
     return 0
 
 
+def _include_path(args: argparse.Namespace) -> int:
+    from recserve.processor.cabi import include_dir
+
+    print(include_dir())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="recserve", description="Serve recommendation models on ONNX Runtime.")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -46,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
     lib = sub.add_parser("lib-path", help="print the absolute path of libserving_processor.so")
     lib.set_defaults(run=_lib_path)
+
+    include = sub.add_parser("include-path", help="print the directory holding processor.h (the C ABI's header)")
+    include.set_defaults(run=_include_path)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -16,11 +16,10 @@ import pytest
 
 from recserve import Processor
 from recserve.export.demo import DemoModel, write_demo
-from recserve.processor.cabi import library_path
+from recserve.processor.cabi import include_dir, library_path
 from recserve.processor.codec import encode_request
 
 HERE = Path(__file__).resolve().parent
-NATIVE = HERE.parent.parent / "native"
 
 
 def host_env() -> dict[str, str]:
@@ -39,7 +38,7 @@ def compile_c(source: Path, out: Path, *extra: str) -> Path:
             "-Wextra",
             "-Werror",
             "-pthread",
-            f"-I{NATIVE}",
+            f"-I{include_dir()}",  # the header recserve ships
             *extra,
             str(source),
             "-o",

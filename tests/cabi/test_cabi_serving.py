@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from recserve import Processor
 from recserve.export import write_checkpoint
 from recserve.export.demo import GLOBAL_STEP, demo_dense, demo_tables, write_demo
-from recserve.processor.cabi import LIBRARY_NAME, library_path
+from recserve.processor.cabi import LIBRARY_NAME, include_dir, library_path
 from recserve.proto import predict_pb2
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "c_abi.md"
@@ -19,6 +21,23 @@ DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "c_abi.md"
 def test_library_path_is_the_built_library() -> None:
     path = Path(library_path())
     assert path.is_absolute() and path.name == LIBRARY_NAME and path.is_file()
+
+
+def test_a_host_linking_the_library_with_the_installed_header(client, demo, processor) -> None:
+    """The recipe docs/c_abi.md gives for linking: -I"$(recserve include-path)" and
+    -lserving_processor, run as a plain (non-Python) process; its reply is process()'s."""
+    cli = Path(sys.executable).with_name("recserve")
+    printed = subprocess.run([str(cli), "include-path"], check=True, capture_output=True, text=True).stdout.strip()
+    assert printed == include_dir() and (Path(printed) / "processor.h").is_file()
+    lib_dir = str(Path(library_path()).parent)
+    binary = client.compile(
+        Path(__file__).with_name("linked_client.c"), "linked_client",
+        f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,--no-as-needed", "-lserving_processor",
+    )
+    reply = client.workdir / "linked.reply"
+    result = client.execute([binary, demo.config_path, demo.warmup_path, reply])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (int(result.stdout), reply.read_bytes()) == processor.process(demo.warmup_path.read_bytes())
 
 
 def test_8_threads_x_2000_requests_equal_python_process(
