@@ -22,7 +22,14 @@ NOTES = """Model: 26 sparse features (26 tables, 10M rows x 16 in all, random in
 MLP 429-512-256-1. Floor: `InferenceSession.run` with the same intra-op threads and spinning
 setting, fed by `numpy.take` on row ids resolved before timing. `Processor.process` includes
 protobuf decode, validation, hash lookups, gather, the run and the response encode. Rounds of
-the two alternate so machine drift hits both."""
+the two alternate so machine drift hits both.
+
+Both sessions prepack the MLP's weights: ONNX Runtime's default for the floor, recserve's
+`prepack_weights: "auto"` for one session (before 2026-11 recserve shared unpacked weights
+here, and its run alone was 1.2-1.4x the floor's). Requests after the first of their layout
+take the route path (recserve/processor/request_route.py). The floor's tables are numpy
+arrays as numpy allocates them; recserve's are loaded from the checkpoint into its own row
+layout (64-byte aligned), as serving would."""
 
 
 def _floor_session(model_path: str) -> ort.InferenceSession:
