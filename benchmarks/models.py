@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ class DlrmModel:
 def _mlp(sizes: list[int], rng: np.random.Generator) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     nodes, inits = [], []
     x = "features"
-    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
         b = np.zeros(n_out, np.float32)
         inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"b{i}")]

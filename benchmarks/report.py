@@ -78,7 +78,7 @@ def write_sections(sections: dict[str, str]) -> None:
     for module, body in sections.items():
         pattern = re.compile(rf"^## {re.escape(module)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
         if pattern.search(text):
-            text = pattern.sub(lambda _m: body + "\n", text)
+            text = pattern.sub(lambda _m, body=body: body + "\n", text)
         else:
             text = text.rstrip("\n") + "\n\n" + body
     REPORT.write_text(text.rstrip("\n") + "\n")

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_includes_are_in_sync() -> None:
-    run = subprocess.run([sys.executable, "docs/include.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "docs/include.py", "--check"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
 
 

@@ -17,6 +17,7 @@ Everything derives from fixed seeds, so tests may rely on exact values.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ def _graph_weights() -> dict[str, np.ndarray]:
         "dense_mean": np.array([44.0, 40.0, 11.5], dtype=np.float32),
         "dense_std": np.array([15.0, 28.0, 7.0], dtype=np.float32),
     }
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes), start=1):
         weights[f"deep_w{i}"] = rng.normal(0, fan_in**-0.5, (fan_in, fan_out)).astype(np.float32)
         weights[f"deep_b{i}"] = rng.normal(0, 0.1, (fan_out,)).astype(np.float32)
     weights["wide_w"] = rng.normal(0, _CONCAT_WIDTH**-0.5, (_CONCAT_WIDTH, 1)).astype(np.float32)

@@ -195,12 +195,12 @@ class ProcessorConfig:
         "OSS/S3 endpoint: a host (\"oss-cn-beijing.aliyuncs.com\", https assumed) or an "
         "http(s):// URL. Required for model_store_type oss.",
     )
-    oss_access_id: Secret | None = _field(
+    oss_access_id: Secret | None = _field(  # noqa: RUF009 - _field returns a dataclasses.field
         None, kinds.secret(), "honoured",
         "OSS/S3 access key id. Required for oss; for s3, unset = boto3's default credentials.",
         secret=True,
     )
-    oss_access_key: Secret | None = _field(
+    oss_access_key: Secret | None = _field(  # noqa: RUF009 - _field returns a dataclasses.field
         None, kinds.secret(), "honoured",
         "OSS/S3 secret access key. Required for oss; for s3, set together with oss_access_id.",
         secret=True,
@@ -216,7 +216,7 @@ class ProcessorConfig:
         "Redis server for feature_store_type redis: \"host:port\" (DeepRec's form, "
         "normalized to redis://host:port), redis://… or rediss://… (TLS).",
     )
-    redis_password: Secret | None = _field(
+    redis_password: Secret | None = _field(  # noqa: RUF009 - _field returns a dataclasses.field
         None, kinds.secret(), "honoured",
         "Redis password (AUTH). Unset or empty: no AUTH.",
         secret=True,
@@ -345,7 +345,7 @@ class ProcessorConfig:
         "beyond); with several models the largest value applies; env RECSERVE_MAX_REQUEST_BYTES wins.",
         origin="recserve",
     )
-    admin_token: Secret | None = _field(
+    admin_token: Secret | None = _field(  # noqa: RUF009 - _field returns a dataclasses.field
         None, kinds.secret(), "honoured",
         "Server: bearer token the admin routes (load/pin a version) require; unset = admin "
         "routes open; env RECSERVE_ADMIN_TOKEN wins.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from concurrent import futures
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import grpc
@@ -156,21 +157,47 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1 Check, computed at each call (Watch: UNIMPLEMENTED)."""
+    """grpc.health.v1: Check, and Watch streaming every change. Statuses are computed at each
+    look: "" and the two service names mean every model; a model's name means that model."""
+
+    # How often a Watch looks again; shutdown wakes it at once.
+    WATCH_POLL_SECONDS = 0.2
 
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
 
-    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
+    def _status(self, service: str) -> Any:
+        """The service's status, or None when there is no such service."""
         models = self._ctx.models
-        if request.service in ("", EAS_SERVICE, KSERVE_SERVICE):
+        if service in ("", EAS_SERVICE, KSERVE_SERVICE):
             ready = models.ready
-        elif request.service in models.entries:
-            ready = models.entries[request.service].ready and not models.draining
+        elif service in models.entries:
+            ready = models.entries[service].ready and not models.draining
         else:
+            return None
+        return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
+        status = self._status(request.service)
+        if status is None:
             _abort(context, 404, f"unknown service {request.service!r}")
-        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
         return health_pb2.HealthCheckResponse(status=status)
+
+    def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        """The status now, then each change (SERVICE_UNKNOWN for a name no model has, as the
+        protocol asks). On shutdown the last message is NOT_SERVING and the stream ends, so
+        open watches never hold the server's grace period."""
+        last = None
+        while True:
+            status = self._status(request.service)
+            if status is None:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            if self._ctx.models.draining or not context.is_active():
+                return
+            self._ctx.models.wait_draining(self.WATCH_POLL_SECONDS)
 
 
 def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int) -> grpc.Server:

@@ -154,6 +154,10 @@ class ModelRegistry:
     def draining(self) -> bool:
         return self._closing.is_set()
 
+    def wait_draining(self, timeout: float) -> bool:
+        """Block until shutdown begins or `timeout` passes; True once draining."""
+        return self._closing.wait(timeout)
+
     def close(self) -> None:
         self._closing.set()
         for thread in self._loaders:

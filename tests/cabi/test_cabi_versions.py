@@ -45,7 +45,7 @@ def test_pinning_a_missing_version_keeps_serving(client, tmp_path, make_requests
                      client.workdir / "miss-out")
     assert run.returncode == 0, run.stderr
     pin = run.stdout.splitlines()[0]
-    assert pin.startswith("pin 500 ") or pin.startswith("pin 400 "), pin
+    assert pin.startswith(("pin 500 ", "pin 400 ")), pin
     assert "7" in pin
     assert client.read_replies("miss-out") == expected + expected
     shutil.rmtree(tmp_path / "demo", ignore_errors=True)

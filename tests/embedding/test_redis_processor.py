@@ -19,6 +19,7 @@ from recserve.errors import StorageError
 from recserve.export import write_checkpoint
 from recserve.export.demo import DemoModel, demo_tables, write_demo
 
+
 @pytest.fixture
 def demo(tmp_path: Path) -> DemoModel:
     return write_demo(tmp_path / "demo")

@@ -87,8 +87,8 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
          "table name '.t' is invalid: it must not start with ."),
         ({"tables": {}, "dense": {"w": [1.0]}}, "dense 'w' is a list; expected a numpy array"),
         ({"tables": {}, "dense": {"w": np.array(["a"])}},
-         "dense 'w' has dtype <U1; valid dtypes are ['bool', 'float16', 'float32', 'float64', "
-         "'int16', 'int32', 'int64', 'int8', 'uint16', 'uint32', 'uint64', 'uint8']"),
+         ("dense 'w' has dtype <U1; valid dtypes are ['bool', 'float16', 'float32', 'float64', "
+         "'int16', 'int32', 'int64', 'int8', 'uint16', 'uint32', 'uint64', 'uint8']")),
         ({"tables": {}, "name": ".hidden"},
          "version name '.hidden' is invalid; it must be one path component not starting with '.'"),
         ({"tables": {}, "name": "a/b"},
@@ -152,12 +152,12 @@ def _spec(graph_input="emb", inputs=None, outputs=None):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (_spec(graph_input="nope"), "binding of 'ids' feeds graph_input 'nope', which is not a "
-                                    "graph input; graph inputs are ['emb', 'x']"),
-        (_spec(inputs={"e": "emb"}), "signature 'serving_default' input 'e' -> 'emb' names no "
-                                     "request input; request inputs are ['x', 'ids']"),
-        (_spec(outputs={"p": "prob"}), "signature 'serving_default' output 'p' -> 'prob' names no "
-                                       "graph output; graph outputs are ['y']"),
+        (_spec(graph_input="nope"), ("binding of 'ids' feeds graph_input 'nope', which is not a "
+                                    "graph input; graph inputs are ['emb', 'x']")),
+        (_spec(inputs={"e": "emb"}), ("signature 'serving_default' input 'e' -> 'emb' names no "
+                                     "request input; request inputs are ['x', 'ids']")),
+        (_spec(outputs={"p": "prob"}), ("signature 'serving_default' output 'p' -> 'prob' names no "
+                                       "graph output; graph outputs are ['y']")),
     ],
 )
 def test_model_dir_spec_is_checked_against_the_graph(tmp_path, spec, message):

@@ -82,12 +82,12 @@ def test_newest_complete_skips_incomplete_and_corrupt_versions(tmp_path, caplog)
     size = len(data)
     listed = read_manifest(STORAGE, str(corrupt)).files["embedding/t.safetensors"].sha256
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", f"skipping version 4: {ckpt}/4/MANIFEST.json is absent "
-                 "(the version is not complete yet)"),
-        ("INFO", f"skipping version 3: {partial}/embedding/t.safetensors has 2 of {size} bytes "
-                 "(still being written)"),
-        ("WARNING", f"skipping version 2: {table}: sha256 is {hashlib.sha256(data).hexdigest()}; "
-                    f"MANIFEST.json lists {listed}"),
+        ("INFO", (f"skipping version 4: {ckpt}/4/MANIFEST.json is absent "
+                 "(the version is not complete yet)")),
+        ("INFO", (f"skipping version 3: {partial}/embedding/t.safetensors has 2 of {size} bytes "
+                 "(still being written)")),
+        ("WARNING", (f"skipping version 2: {table}: sha256 is {hashlib.sha256(data).hexdigest()}; "
+                    f"MANIFEST.json lists {listed}")),
     ]
 
 
@@ -145,8 +145,8 @@ def test_a_delta_not_ready_holds_back_later_deltas(tmp_path, caplog):
     refs = list_deltas(STORAGE, str(version), after_step=10, log=LOG)
     assert [r.global_step for r in refs] == [11]
     assert [r.getMessage() for r in caplog.records] == [
-        f"skipping version .incremental_ckpt/12: {version}/.incremental_ckpt/12/MANIFEST.json "
-        "is absent (the version is not complete yet)"
+        (f"skipping version .incremental_ckpt/12: {version}/.incremental_ckpt/12/MANIFEST.json "
+        "is absent (the version is not complete yet)")
     ]
     # Once the served step is past the pending one, it no longer matters.
     assert [r.global_step for r in list_deltas(STORAGE, str(version), after_step=12)] == [13]

@@ -40,9 +40,9 @@ def test_placed_model_serves_the_original_predictions(fixture: str, tmp_path: Pa
             got = processor.predict(request)
             want = dict(zip(names, original.run(None, request)))
             assert set(got) == set(want)
-            for name in want:
-                assert got[name].shape == want[name].shape
-                assert float(np.abs(got[name] - want[name]).max()) <= 1e-6
+            for name, value in want.items():
+                assert got[name].shape == value.shape
+                assert float(np.abs(got[name] - value).max()) <= 1e-6
     finally:
         processor.close()
 

@@ -72,8 +72,8 @@ def test_garbage_bytes(processor: Processor) -> None:
     status, body = processor.process(b"\xff\xff\xff\xff garbage")
     assert (status, body.decode()) == (
         400,
-        "request is not a valid tensorflow.eas.PredictRequest (12 bytes): "
-        "Error parsing message with type 'tensorflow.eas.PredictRequest': Wire format was corrupt",
+        ("request is not a valid tensorflow.eas.PredictRequest (12 bytes): "
+        "Error parsing message with type 'tensorflow.eas.PredictRequest': Wire format was corrupt"),
     )
 
 

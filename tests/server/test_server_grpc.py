@@ -94,3 +94,11 @@ def test_health_check(channel, server):
     with pytest.raises(grpc.RpcError) as unknown:
         stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_watch_streams_the_status(channel, server):
+    stub = health_pb2_grpc.HealthStub(channel)
+    for service, status in (("", "SERVING"), ("default", "SERVING"), ("nope", "SERVICE_UNKNOWN")):
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
+        assert next(watch).status == health_pb2.HealthCheckResponse.ServingStatus.Value(status)
+        watch.cancel()  # a watch lasts until the client leaves

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -85,3 +86,25 @@ def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):
     assert set(answered) == {200}, answered
     assert set(refused) <= {"ConnectError", "RemoteProtocolError", "ReadError"}, refused
     assert "recserve stopped" in running.log()
+
+
+def test_sigterm_ends_health_watches_with_not_serving(launch, demo):
+    """Open grpc.health.v1 Watch streams see NOT_SERVING when shutdown begins and end
+    cleanly, so they never hold the server for its grace period."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    running = launch(json.loads(demo.config_path.read_text()))
+    channel = grpc.insecure_channel(running.grpc_address)
+    stub = health_pb2_grpc.HealthStub(channel)
+    watches = [stub.Watch(health_pb2.HealthCheckRequest(service=s), timeout=60) for s in ("", "default")]
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert [next(w).status for w in watches] == [serving, serving]
+    started = time.monotonic()
+    running.process.send_signal(signal.SIGTERM)
+    for watch in watches:
+        assert [m.status for m in watch] == [health_pb2.HealthCheckResponse.NOT_SERVING]  # then the end
+    assert running.process.wait(60) == 0, running.log()
+    # Well inside the server's 30 s grace (importing recserve.server here would clash with
+    # tritonclient's copy of the KServe protos in this test process).
+    assert time.monotonic() - started < 15, running.log()
+    channel.close()
