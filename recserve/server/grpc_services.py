@@ -11,8 +11,8 @@ server's thread pool. Thread-safe.
 from __future__ import annotations
 
 import json
-from concurrent import futures
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any, NoReturn
 
 import grpc
