@@ -87,7 +87,9 @@ def write_delta(
     target = Path(version_dir) / DELTA_DIR_NAMES[0] / str(global_step)
     with staged_dir(target) as stage:
         _write_tables(stage, checked)
-        write_manifest(stage, Manifest("delta", global_step, file_entries(stage)))
+        write_manifest(
+            stage, Manifest("delta", global_step, file_entries(stage), base_global_step=full.global_step)
+        )
     return target
 
 

@@ -50,16 +50,17 @@ class Manifest:
     global_step: int
     files: dict[str, FileEntry]
     format: str = FORMAT
+    # A delta's optional record of the full version it was written on: the full's
+    # global_step. Servers then refuse it on any other base (a full version rewritten in
+    # place under the same name, deltas copied between versions). recserve.export writes it.
+    base_global_step: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "kind": self.kind,
-            "global_step": self.global_step,
-            "files": {
-                name: {"size": e.size, "sha256": e.sha256} for name, e in sorted(self.files.items())
-            },
-        }
+        doc: dict[str, Any] = {"format": self.format, "kind": self.kind, "global_step": self.global_step}
+        if self.base_global_step is not None:
+            doc["base_global_step"] = self.base_global_step
+        doc["files"] = {name: {"size": e.size, "sha256": e.sha256} for name, e in sorted(self.files.items())}
+        return doc
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
@@ -82,6 +83,12 @@ class Manifest:
         step = doc.get("global_step")
         if not _is_int(step) or step < 0:
             raise bad(f"'global_step' is {step!r}; it must be an integer >= 0")
+        base = doc.get("base_global_step")
+        if base is not None and (kind != "delta" or not _is_int(base) or not 0 <= base < step):
+            raise bad(
+                f"'base_global_step' is {base!r}; only a delta has one, an integer >= 0 below its "
+                f"global_step {step}"
+            )
         raw_files = doc.get("files")
         if not isinstance(raw_files, dict):
             raise bad("'files' must be an object mapping relative path -> {size, sha256}")
@@ -98,7 +105,7 @@ class Manifest:
             if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
                 raise bad(f"file {name!r}: 'sha256' is {sha!r}; expected 64 lowercase hex digits")
             files[name] = FileEntry(size=size, sha256=sha)
-        return cls(kind=kind, global_step=step, files=files, format=fmt)
+        return cls(kind=kind, global_step=step, files=files, format=fmt, base_global_step=base)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

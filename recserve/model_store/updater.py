@@ -68,6 +68,12 @@ def check_delta(tables: Mapping[str, _Table], delta: Checkpoint, base: VersionRe
         raise CorruptVersionError(
             f"{where} carries dense.safetensors; dense parameters change only with a full version"
         )
+    recorded = delta.manifest.base_global_step
+    if recorded is not None and recorded != base.global_step:
+        raise WrongBaseError(
+            f"{where} was written on a full version at global_step {recorded}, but version "
+            f"{base.name} has global_step {base.global_step}"
+        )
     if delta.ref.global_step <= base.global_step:
         raise WrongBaseError(
             f"{where} has global_step {delta.ref.global_step}, not after version {base.name}'s {base.global_step}"

@@ -3,6 +3,7 @@ clock: polls are driven one by one, backoffs are read off the clock, nothing sle
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 
@@ -158,6 +159,22 @@ def test_deltas_stop_at_a_delta_that_does_not_fit_the_serving_version(tiny):
     shutil.rmtree(v1 / ".incremental_ckpt" / "4")
     assert h.updater.poll_once() is True
     assert h.serves(50, 1)
+
+
+def test_a_delta_recording_another_base_is_refused(tiny):
+    """recserve.export records the full version's global_step in each delta's manifest; a
+    delta whose full version was rewritten in place (same name, another step) never applies."""
+    v1 = tiny.write_full(1, tag=10, w=1)
+    delta = tiny.write_delta(v1, 2, tag=20)
+    manifest = json.loads((delta / "MANIFEST.json").read_text())
+    assert manifest["base_global_step"] == 1
+    (delta / "MANIFEST.json").write_text(json.dumps({**manifest, "base_global_step": 0}))
+    h = Harness(tiny)
+    h.updater.poll_once()
+    assert h.serves(10, 1) and h.watcher.counts.wrong_base == 1
+    assert h.watcher.last_error.endswith(
+        "was written on a full version at global_step 0, but version 1 has global_step 1"
+    )
 
 
 def test_a_version_that_fails_warmup_never_serves(tiny):
