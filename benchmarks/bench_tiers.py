@@ -138,8 +138,10 @@ def run() -> list[Row]:
             value=f"LFU {lfu.hit_rate:.1%}",
             baseline=f"LRU {lru.hit_rate:.1%} (static optimum {optimum:.1%})",
             ratio=lfu.hit_rate / lru.hit_rate,
-            goal="LFU >= LRU",
-            met=lfu.hit_rate >= lru.hit_rate,
+            # The two swap places from run to run; the claim docs/tiers.md makes is that
+            # LFU is within 2 points of LRU while making far fewer admissions (next row).
+            goal="LFU within 2 points of LRU",
+            met=lfu.hit_rate >= lru.hit_rate - 0.02,
         ),
         Row(
             name="admissions (SSD -> DRAM copies) per 1000 ids looked up: LFU vs LRU (ratio = LRU / LFU)",
