@@ -145,7 +145,9 @@ def check_rows(
         raise ValueError(f"{where}: key -1 is reserved for padding and cannot be stored")
     usable = values.dtype == np.float32 and values.flags.c_contiguous and values.flags.aligned
     if adopt and not (usable and values.flags.writeable):
-        values = np.array(values, dtype=np.float32, order="C")
+        copied = empty_rows(len(keys), dim)
+        copied[...] = values
+        values = copied
     elif not usable:
         values = np.ascontiguousarray(values, dtype=np.float32)
     return keys, values

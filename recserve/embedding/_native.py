@@ -147,12 +147,12 @@ class EmbeddingTable:
 
     `values` is adopted without a copy when it is a writeable, aligned, C-contiguous float32
     array; the table then owns it (later upserts may recycle its rows), so pass a copy if
-    you keep using yours. Otherwise it is copied once.
+    you keep using yours. Otherwise it is copied once, into `empty_rows` (rows on cache lines).
 
     With `storage` (a TierSpec, see tiers.py) the table is tiered: every row goes to record
     files under storage.ssd_path, written in chunks, and the rows with the highest `freqs`
     (the first ones without freqs) to a DRAM tier of storage.dram_bytes; the arrays are not
-    kept. close() (or garbage collection) deletes the files.
+    kept, and `values` may be a read-only file mapping (a checkpoint's), read once in order. close() (or garbage collection) deletes the files.
 
     Thread-safety: lookup, contains, snapshot and sample_keys may run from any number of
     threads, lock-free, concurrently with upsert/delete; writers serialise on an internal

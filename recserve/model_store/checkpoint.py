@@ -9,6 +9,8 @@ may contain "/" (DeepRec variable names do); the file then sits in subdirectorie
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +18,6 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from recserve.embedding import empty_rows
 from recserve.errors import CorruptVersionError, ModelLoadError
 from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.manifest import Manifest
@@ -112,42 +113,39 @@ def _check_array(name: str, arr: object, dtype: type, ndim: int) -> None:
         )
 
 
-# Table rows are copied out of the file's mmap this many bytes at a time: measured on 320 MB,
-# 1-4 MB chunks load 2.5x faster than safetensors.numpy.load_file; 64 MB chunks fault in
-# fresh pages for every chunk and are 3x slower than it.
-_ROWS_CHUNK_BYTES = 2**20
-
-
 def _read_tensors(storage: Storage, path: str, *, rows: str | None = None) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file. The float32 2-D tensor named `rows` (a table's
-    values) lands in the engine's row layout (`empty_rows`), copied chunk by chunk straight
-    out of the file's mmap: one copy in memory, never two."""
+    """Every tensor of a safetensors file. A local file's float32 2-D tensor named `rows` (a
+    table's values) is not read: it comes back as a read-only view of the file's mapping, so
+    a table larger than RAM streams into the SSD tier through the page cache, and a DRAM
+    table copies it once into its own row layout (recserve.embedding.empty_rows)."""
     local = storage.local_path(path)
     try:
         if local is None:
             tensors = safetensors.numpy.load(storage.read(path))
             if rows in tensors and tensors[rows].dtype == np.float32 and tensors[rows].ndim == 2:
-                aligned = empty_rows(*tensors[rows].shape)
-                aligned[...] = tensors.pop(rows)
-                tensors[rows] = aligned
+                tensors[rows].flags.writeable = False  # the table copies it into its layout
             return tensors
-        with safetensors.safe_open(local, framework="np") as f:
-            tensors = {}
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                part = f.get_slice(name)
-                shape = part.get_shape()
-                if name != rows or part.get_dtype() != "F32" or len(shape) != 2:
-                    tensors[name] = f.get_tensor(name)
-                    continue
-                out = empty_rows(*shape)
-                step = max(1, _ROWS_CHUNK_BYTES // max(1, 4 * shape[1]))
-                for start in range(0, shape[0], step):
-                    stop = min(start + step, shape[0])  # safetensors refuses slices past the end
-                    out[start:stop] = part[start:stop]
-                tensors[name] = out
-            return tensors
+        with safetensors.safe_open(local, framework="np") as f:  # validates header and offsets
+            names = list(f.keys())
+            mapped = _mapped_rows(local, rows) if rows in names else None
+            return {name: mapped if name == rows and mapped is not None else f.get_tensor(name) for name in names}
     except (safetensors.SafetensorError, ValueError, KeyError, OSError) as exc:
         raise CorruptVersionError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
+def _mapped_rows(path: str, name: str) -> np.ndarray | None:
+    """Tensor `name` of a safetensors file as a read-only view of its mapping, when it is a
+    non-empty float32 [N, D]; None otherwise (it is then read the library's way). The layout
+    (8-byte header length, JSON header with data_offsets, data) is safetensors' spec; the
+    library has no call that maps a tensor without copying it."""
+    with open(path, "rb") as f:
+        (header_size,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(header_size))[name]
+    shape, (begin, end) = entry["shape"], entry["data_offsets"]
+    if entry["dtype"] != "F32" or len(shape) != 2 or shape[0] * shape[1] == 0 or end - begin != 4 * shape[0] * shape[1]:
+        return None
+    view = np.memmap(path, dtype="<f4", mode="r", offset=8 + header_size + begin, shape=(shape[0], shape[1]))
+    return view.view(np.ndarray)
 
 
 def read_table(storage: Storage, path: str) -> TableData:

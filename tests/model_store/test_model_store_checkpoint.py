@@ -82,18 +82,22 @@ def test_tables_and_dense_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("storage", [STORAGE, RemoteLikeStorage()], ids=["local", "remote"])
-def test_table_rows_load_on_cache_lines_in_chunks(tmp_path, storage, monkeypatch):
-    """Rows land in the engine's layout (recserve.embedding.empty_rows): the first row on a
-    64-byte line; read in chunks (here 7 rows, so the last chunk is short), equal to the file."""
-    from recserve.model_store import checkpoint
+def test_table_values_are_read_only_and_tables_copy_them_onto_cache_lines(tmp_path, storage):
+    """A local file's values are a read-only view of its mapping (nothing read until used); a
+    remote one's are read-only too. A DRAM table copies them once into its own layout (the
+    first row on a 64-byte line); either way the rows equal the file's bit for bit."""
+    from recserve.embedding import EmbeddingTable
 
-    monkeypatch.setattr(checkpoint, "_ROWS_CHUNK_BYTES", 7 * 3 * 4)
     values = np.random.default_rng(1).standard_normal((50, 3)).astype(np.float32)
     path = tmp_path / "t.safetensors"
     safetensors.numpy.save_file({"keys": np.arange(50, dtype=np.int64), "values": values}, str(path))
     got = read_table(storage, str(path))
-    assert got.values.ctypes.data % 64 == 0 and got.values.flags.writeable
-    assert got.values.tobytes() == values.tobytes()
+    assert not got.values.flags.writeable and got.values.tobytes() == values.tobytes()
+    if storage is STORAGE:
+        assert isinstance(got.values.base, np.memmap)
+    table = EmbeddingTable("t", 3, got.keys, got.values)
+    assert table._values is not None and table._values.ctypes.data % 64 == 0
+    assert table.lookup(np.arange(50, dtype=np.int64)).tobytes() == values.tobytes()
     # Values of another dtype are not converted on the way: the table check refuses them.
     safetensors.numpy.save_file({"keys": np.arange(50, dtype=np.int64), "values": values.astype(np.float16)}, str(path))
     with pytest.raises(CorruptVersionError, match="values has dtype float16; expected float32"):

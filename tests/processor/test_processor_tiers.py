@@ -61,3 +61,68 @@ def test_tiered_tables_serve_the_checkpoint_and_free_retired_files(tmp_path: Pat
     finally:
         processor.close()
     assert _wait(lambda: not (ssd / "default" / "2").exists())
+
+
+_RSS_CHILD = """
+import json, sys, threading
+import onnxruntime  # noqa: F401  (imported before measuring: not the table's memory)
+from recserve import Processor
+
+def anon() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+# The kernel keeps no peak of anonymous memory alone (VmHWM counts mapped file pages too):
+# sample it while the version loads.
+peak, done = [anon()], threading.Event()
+
+def sample() -> None:
+    while not done.wait(0.002):
+        peak.append(anon())
+
+before = anon()
+sampler = threading.Thread(target=sample)
+sampler.start()
+processor = Processor(json.loads(sys.argv[1]))
+done.set()
+sampler.join()
+stats = processor._manager.current.tables["big"].tier_stats()
+print(json.dumps({"growth": max(peak) - before, "ssd_live_records": stats["ssd_live_records"]}))
+processor.close()
+"""
+
+
+def test_a_table_bigger_than_its_memory_never_sits_in_memory_whole(tmp_path: Path) -> None:
+    """Loading a tiered table from a checkpoint streams its rows from the file's mapping into
+    the SSD tier: the peak of the process's anonymous memory while the version loads grows
+    by the index, the keys and the DRAM budget, not by the table (here 160 MB of rows; the
+    page cache does not count)."""
+    import subprocess
+    import sys
+
+    from onnx import TensorProto, helper
+
+    from recserve.export import write_model_dir
+    from recserve.model_spec import EmbeddingBinding, ModelSpec
+
+    rows, dim = 312_500, 128  # 160 MB of float32 rows
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["emb"], ["score"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["B", dim])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["B"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    spec = ModelSpec(embeddings=(EmbeddingBinding(input="id", table="big", dim=dim, graph_input="emb"),))
+    model_dir = write_model_dir(tmp_path / "model", model, spec)
+    values = np.random.default_rng(3).standard_normal((rows, dim), dtype=np.float32)
+    write_checkpoint(tmp_path / "ckpt", {"big": (np.arange(rows, dtype=np.int64), values)}, global_step=1)
+    del values
+    config = {
+        "savedmodel_dir": str(model_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
+        "ev_storage_type": 12, "ev_storage_path": str(tmp_path / "ssd"), "ev_storage_size": [8 << 20, 1 << 30],
+    }
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, json.dumps(config)], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ssd_live_records"] == rows
+    table_bytes = rows * dim * 4
+    assert result["growth"] < table_bytes // 4, (result, table_bytes)
