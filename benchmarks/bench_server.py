@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -28,6 +29,7 @@ from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
 from recserve.processor.codec import encode_request
+from recserve.proto import eas_service_pb2_grpc, predict_pb2
 
 CLIENTS = 16
 PROCESSES = 4  # client processes (CLIENTS / PROCESSES threads each): one Python process is GIL-bound
@@ -41,7 +43,13 @@ per process; KServe v2 binary bodies built once, as tritonclient.http sends them
 `recserve serve` in a subprocess on loopback; the baseline is `Processor.process` called by
 {CLIENTS} threads in one process on the same request bytes. {SECONDS:.0f} s per measurement
 after a warmup. Clients and server share the machine's cores, so on small machines the
-ratios are bounded by the Python clients as much as by the server."""
+ratios are bounded by the Python clients as much as by the server.
+
+The CPU rows take the clients out: one client sends 3,000 requests one at a time and the
+server's CPU time (all threads, /proc/<pid>/stat) is divided by the count, against the CPU
+of Processor.process in this process. Before the EAS route left FastAPI and the server
+moved to uvloop (2026-11), the HTTP figure was ~820-1,040 us on this machine (same
+method, measured by hand over five alternating runs; ~580-670 us after)."""
 
 
 def _free_port() -> int:
@@ -155,6 +163,31 @@ def _start_server(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int
     raise RuntimeError(f"server did not become ready:\n{log.read_text()}")
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, all threads
+
+
+def _cpu_row(name: str, proc: subprocess.Popen[bytes], call: Callable[[], object], processor: Processor,
+             body: bytes, count: int = 3000) -> Row:
+    """CPU the server spends per request (all its threads) against Processor.process's
+    in this process, one request at a time: what each costs, whatever the clients cost."""
+    for _ in range(200):
+        call()
+        processor.process(body)
+    start = _cpu_seconds(proc.pid)
+    for _ in range(count):
+        call()
+    server = (_cpu_seconds(proc.pid) - start) / count
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(count):
+        _check(processor.process(body)[0])
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    inside = (after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime) / count
+    return Row(f"{name}, batch 1: server CPU per request (ratio = in-process / server)",
+               f"{server * 1e6:.0f} us", f"Processor.process {inside * 1e6:.0f} us", inside / server)
+
+
 def _row(name: str, batch: int, ours: tuple[float, float, float], base: tuple[float, float, float]) -> Row:
     return Row(
         f"{name}, batch {batch}: requests/s (ratio to in-process Processor.process)",
@@ -184,6 +217,15 @@ def run() -> list[Row]:
                                  _over_loopback(pool, "kserve", http, kserve, header), base))
                 rows.append(_row("gRPC (tensorflow.eas Predict)", batch,
                                  _over_loopback(pool, "grpc", grpc_target, body), base))
+        body = encode_request(demo.sample_inputs(1, np.random.default_rng(1)))
+        with httpx.Client() as client:
+            def eas() -> None:
+                _check(client.post(f"{http}/api/predict/default", content=body).status_code)
+            rows.append(_cpu_row("HTTP-protobuf (EAS route)", proc, eas, processor, body))
+        with grpc.insecure_channel(grpc_target) as channel:
+            stub = eas_service_pb2_grpc.PredictionServiceStub(channel)
+            request = predict_pb2.PredictRequest.FromString(body)
+            rows.append(_cpu_row("gRPC (tensorflow.eas Predict)", proc, lambda: stub.Predict(request), processor, body))
         processor.close()
         return rows
     finally:

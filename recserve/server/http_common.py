@@ -1,14 +1,28 @@
-"""Helpers the HTTP routes share: the JSON error body, bounded body reads, admin auth."""
+"""What the HTTP routes share: the JSON error body, bounded body reads, the hop to a worker
+thread, admin auth."""
 
 from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from recserve.errors import RecserveError, RequestError
+from recserve.processor.processor import Processor
+from recserve.processor.trace import RequestTrace
 from recserve.server.context import ServerContext
+from recserve.server.dispatch import UNKNOWN_MODEL, Outcome
 from recserve.server.errors import AdminAuthError, RequestTooLargeError
+from recserve.server.registry import ModelEntry
 
-__all__ = ["error_response", "read_body", "require_admin"]
+__all__ = ["PROTOBUF", "Handler", "dispatch", "error_response", "read_body", "request_body", "require_admin"]
+
+PROTOBUF = "application/octet-stream"
+
+Handler = Callable[[ModelEntry, Processor, RequestTrace], Outcome]
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -38,3 +52,35 @@ def require_admin(ctx: ServerContext, request: Request) -> None:
         raise AdminAuthError(
             "admin routes need 'Authorization: Bearer <token>' with the server's admin token "
             "(config admin_token or RECSERVE_ADMIN_TOKEN)")
+
+
+def _decompressed(request: Request, body: bytes) -> bytes:
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("identity", ""):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise RequestError(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
+    try:
+        return zlib.decompress(body, 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    except zlib.error as exc:
+        raise RequestError(f"request body is not valid {encoding} data: {exc}") from exc
+
+
+async def request_body(
+    ctx: ServerContext, request: Request, route: str, model: str, *, decompress: bool = False
+) -> bytes:
+    """The body (decompressed per Content-Encoding with `decompress`); a refusal before any
+    model is reached (too large, bad encoding) is counted like every other answer."""
+    try:
+        body = await read_body(request, ctx.settings.max_request_bytes)
+        return _decompressed(request, body) if decompress else body
+    except RecserveError as exc:
+        label = model if model in ctx.models.entries else UNKNOWN_MODEL
+        ctx.metrics.observe(label, route, exc.status, 0.0, RequestTrace())
+        raise
+
+
+async def dispatch(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler) -> Outcome:
+    """`handler` on a worker thread through the dispatcher; (status, result or message)."""
+    # asyncio's executor hop costs less CPU per request than anyio's to_thread.
+    return await asyncio.get_running_loop().run_in_executor(ctx.workers, ctx.dispatcher.call, route, find, handler)

@@ -47,20 +47,36 @@ class ServerMetrics:
         self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
                                  ["model", "result"], registry=self.registry)
         self.registry.register(ModelCollector(models))
+        self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace) -> None:
-        code = str(status)
-        self.requests.labels(model, route, code).inc()
-        self.latency.labels(model, route).observe(seconds)
         if status != 200:
+            code = str(status)
+            self.requests.labels(model, route, code).inc()
+            self.latency.labels(model, route).observe(seconds)
             self.errors.labels(model, route, code).inc()
             return
-        for stage in STAGES:
-            spent = trace.seconds(stage)
-            if spent:
-                self.stage.labels(model, stage).observe(spent)
+        # labels() costs a lock and a dict lookup per metric (~15 us a request for all of
+        # them): a 200's children are looked up once per (model, route). Labels are bounded
+        # (configured models, known routes), so the cache is too.
+        bound = self._ok.get((model, route))
+        if bound is None:
+            bound = self._ok[(model, route)] = (
+                self.requests.labels(model, route, "200"), self.latency.labels(model, route),
+                tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
+            )
+        requests, latency, stages, batch = bound
+        requests.inc()
+        latency.observe(seconds)
+        spent = dict.fromkeys(STAGES, 0.0)
+        for span in trace.spans:
+            if span.stage in spent:
+                spent[span.stage] += span.seconds
+        for stage, histogram in zip(STAGES, stages):
+            if spent[stage]:
+                histogram.observe(spent[stage])
         if trace.batch_size:
-            self.batch.labels(model).observe(trace.batch_size)
+            batch.observe(trace.batch_size)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

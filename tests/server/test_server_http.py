@@ -231,6 +231,12 @@ def test_health_listing_and_unknown_routes(server):
     assert missing.json() == {"error": "no route GET /nothing/here; see docs/server.md for the routes"}
     wrong_method = httpx.get(f"{server.url}/api/predict/pttest")
     assert wrong_method.status_code == 405 and wrong_method.json() == {"error": "Method Not Allowed"}
+    assert wrong_method.headers["allow"] == "POST"
+    too_deep = httpx.post(f"{server.url}/api/predict/a/b/c", content=b"")
+    assert too_deep.status_code == 404
+    assert too_deep.json() == {"error": "no route POST /api/predict/a/b/c; see docs/server.md for the routes"}
+    slash = httpx.post(f"{server.url}/api/predict/pttest/", content=b"")
+    assert slash.status_code == 200 and "inputs" in slash.json()  # the signature, as without the slash
 
 
 def test_metrics_count_requests_errors_and_stages(server, demo):
