@@ -71,7 +71,10 @@ class EasPredictionService:
             if not request:  # an empty PredictRequest: process() would answer the signature JSON
                 raise RequestError("PredictRequest has no inputs; the signature is: "
                                    + json.dumps(processor.signature_info()))
-            return processor.process(request, trace=trace)
+            status, result = processor.process(request, trace=trace)
+            if status == 200:
+                entry.record(request)
+            return status, result
 
         status, result = self._ctx.dispatcher.call("eas_grpc", lambda: self._find(context), handle)
         if status != 200:
@@ -189,13 +192,16 @@ class HealthService(health_pb2_grpc.HealthServicer):
         open watches never hold the server's grace period."""
         last = None
         while True:
+            # Read before the status: a stream that ends because shutdown began has sent a
+            # status computed after it began (shutdown may start while a message is sent).
+            draining = self._ctx.models.draining
             status = self._status(request.service)
             if status is None:
                 status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
             if status != last:
                 yield health_pb2.HealthCheckResponse(status=status)
                 last = status
-            if self._ctx.models.draining or not context.is_active():
+            if draining or not context.is_active():
                 return
             self._ctx.models.wait_draining(self.WATCH_POLL_SECONDS)
 

@@ -33,7 +33,10 @@ PREFIX = "/api/predict/"
 
 def _handler(body: bytes) -> Handler:
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
-        return processor.process(body, trace=trace)
+        status, result = processor.process(body, trace=trace)
+        if status == 200 and body:  # an empty body asked for the signature
+            entry.record(body)
+        return status, result
     return handle
 
 

@@ -1,9 +1,11 @@
 """HTTP routes about the server rather than predictions: health, model listing and
-metadata (KServe v2 and TF Serving forms), admin version pins, and /metrics."""
+metadata (KServe v2 and TF Serving forms), admin version pins and warmup recording, and
+/metrics."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -22,6 +24,20 @@ __all__ = ["model_status", "status_router"]
 
 SERVER_NAME = "recserve"
 PLATFORM = "onnxruntime_onnx"
+
+
+DEFAULT_WARMUP_REQUESTS = 64
+MAX_WARMUP_REQUESTS = 10_000
+
+
+def _admin_json(body: bytes, shape: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise RequestError(f"body must be JSON {shape}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise RequestError(f"body must be JSON {shape}")
+    return doc
 
 
 def model_status(entry: ModelEntry) -> dict[str, Any]:
@@ -143,15 +159,16 @@ def status_router(ctx: ServerContext) -> APIRouter:
 
     # -- admin -------------------------------------------------------------------------------
 
-    @router.post("/admin/models/{name}/pin")
-    async def pin(name: str, request: Request) -> Response:
+    async def admin_call(request: Request, name: str, shape: str) -> tuple[ModelEntry, dict[str, Any]]:
+        """The admin check, the model, and the JSON object body of the given `shape`."""
         require_admin(ctx, request)
         entry = models.get(name)
-        try:
-            doc = json.loads(await read_body(request, 1 << 16) or b"{}")
-        except ValueError as exc:
-            raise RequestError(f"body must be JSON {{\"version\": \"<version>\"}}: {exc}") from exc
-        version = doc.get("version") if isinstance(doc, dict) else None
+        return entry, _admin_json(await read_body(request, 1 << 16), shape)
+
+    @router.post("/admin/models/{name}/pin")
+    async def pin(name: str, request: Request) -> Response:
+        entry, doc = await admin_call(request, name, '{"version": "<version directory name>"}')
+        version = doc.get("version")
         if not isinstance(version, str) or not version:
             raise RequestError('body must be JSON {"version": "<version directory name>"}')
         await run_in_threadpool(entry.pin, version)
@@ -163,6 +180,23 @@ def status_router(ctx: ServerContext) -> APIRouter:
         entry = models.get(name)
         await run_in_threadpool(entry.pin, None)
         return JSONResponse(model_status(entry))
+
+    @router.post("/admin/models/{name}/warmup/record")
+    async def warmup_record(name: str, request: Request) -> Response:
+        entry, doc = await admin_call(request, name, '{"requests": <1..10000>} (optional)')
+        limit = doc.get("requests", DEFAULT_WARMUP_REQUESTS)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_WARMUP_REQUESTS:
+            raise RequestError(f'"requests" must be an integer 1..{MAX_WARMUP_REQUESTS}, got {limit!r}')
+        entry.start_recording(limit)
+        return JSONResponse({"model": name, "recording": True, "requests": limit})
+
+    @router.post("/admin/models/{name}/warmup/save")
+    async def warmup_save(name: str, request: Request) -> Response:
+        entry, doc = await admin_call(request, name, '{"path": "<absolute path of the file to write>"}')
+        path = doc.get("path")
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise RequestError(f'"path" must be an absolute file path on the server, got {path!r}')
+        return JSONResponse(await run_in_threadpool(entry.save_recording, path))
 
     # -- metrics -----------------------------------------------------------------------------
 

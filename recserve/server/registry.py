@@ -14,12 +14,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from recserve.errors import ModelNotReadyError, RecserveError
+from recserve.errors import ModelNotReadyError, RecserveError, RequestError
 from recserve.processor.config import ProcessorConfig
 from recserve.processor.manager import ServableManager
 from recserve.processor.processor import Processor
-from recserve.server.errors import UnknownModelError
+from recserve.server.errors import ConflictError, UnknownModelError
 from recserve.server.timeline import TimelineSelector
+from recserve.warmup import WarmupRecorder
 
 __all__ = ["ModelEntry", "ModelRegistry"]
 
@@ -40,6 +41,35 @@ class ModelEntry:
         self.load_counts = {"ok": 0, "error": 0}
         self._manager: ServableManager[Processor] = ServableManager(name)
         self._swap_lock = threading.Lock()
+        self._recorder: WarmupRecorder | None = None
+
+    # -- recording a warmup file from live traffic (admin routes) ---------------------------
+
+    def start_recording(self, limit: int) -> None:
+        """Keep a uniform sample of up to `limit` PredictRequests answered 200 from now on
+        (a sample already being kept is dropped)."""
+        self._recorder = WarmupRecorder(limit)
+
+    def record(self, payload: bytes) -> None:
+        """A PredictRequest the model answered 200 (EAS HTTP and gRPC); kept while recording."""
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.record(payload)
+
+    def save_recording(self, path: str) -> dict[str, Any]:
+        """Write the sample as a warmup file at `path` and stop recording."""
+        recorder = self._recorder
+        if recorder is None:
+            raise ConflictError(
+                f"model {self.name!r} is not recording; POST /admin/models/{self.name}/warmup/record first")
+        if not recorder.seen:
+            raise ConflictError(f"model {self.name!r} has answered no PredictRequest since recording began")
+        try:
+            kept = recorder.write(path)
+        except OSError as exc:
+            raise RequestError(f"cannot write the warmup file {path!r}: {exc.strerror or exc}") from exc
+        self._recorder = None
+        return {"path": path, "requests": kept, "seen": recorder.seen}
 
     @property
     def processor(self) -> Processor | None:

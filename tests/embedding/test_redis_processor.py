@@ -48,15 +48,18 @@ def eventually(check: Callable[[], bool], what: str, seconds: float = 30.0) -> N
         time.sleep(0.05)
 
 
+def assert_answer_alike(replicas: list[Processor], memory: Processor, inputs: dict[str, np.ndarray]) -> None:
+    want = memory.predict(inputs)
+    for p in replicas:
+        got = p.predict(inputs)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
 def test_replicas_answer_like_the_memory_engine(demo: DemoModel, replicas: list[Processor], redis_server: Any) -> None:
     memory = Processor(demo.config_path.read_text())
     try:
-        inputs = demo.sample_inputs(64, np.random.default_rng(0))
-        want = memory.predict(inputs)
-        for p in replicas:
-            got = p.predict(inputs)
-            for name in want:
-                np.testing.assert_array_equal(got[name], want[name])
+        assert_answer_alike(replicas, memory, demo.sample_inputs(64, np.random.default_rng(0)))
     finally:
         memory.close()
     space = KeySpace("default")
@@ -95,6 +98,38 @@ def test_only_the_importer_reads_table_files(
             follower.close()
     finally:
         importer.close()
+
+
+def test_a_delta_reaches_both_replicas_and_redis_once(
+    demo: DemoModel, replicas: list[Processor], redis_server: Any
+) -> None:
+    """Through the Processors' updaters: both replicas serve the delta, exactly like an
+    in-memory Processor of the same checkpoint, and only one of them wrote it to Redis."""
+    from recserve.export import write_delta
+
+    client = redis_server.client()
+
+    def msets() -> int:
+        return int(client.info("commandstats").get("cmdstat_mset", {}).get("calls", 0))
+
+    tables = demo_tables()
+    name = max(tables, key=lambda t: len(tables[t].keys))
+    keys = tables[name].keys  # every row of the table: any known key in a request sees it
+    inputs = demo.sample_inputs(64, np.random.default_rng(5))
+    old = replicas[0].predict(inputs)["probabilities"]
+    before = msets()
+    write_delta(demo.version_dir, {name: (keys, np.full((len(keys), tables[name].dim), 0.5, np.float32))},
+                global_step=2)
+    eventually(lambda: all(p.model_info()["delta_step"] == 2 for p in replicas), "both replicas applied the delta")
+    assert msets() - before == -(-len(keys) // 2048)  # its chunks of 2,048 rows, written by one replica
+    assert client.exists(KeySpace("default").delta("1", 2))
+    memory = Processor(demo.config_path.read_text())
+    try:
+        eventually(lambda: memory.model_info()["delta_step"] == 2, "the in-memory processor applied it", 60)
+        assert not np.array_equal(memory.predict(inputs)["probabilities"], old)
+        assert_answer_alike(replicas, memory, inputs)
+    finally:
+        memory.close()
 
 
 def test_new_version_switches_without_mixed_responses(demo: DemoModel, replicas: list[Processor]) -> None:

@@ -87,3 +87,52 @@ def test_models_readiness_and_admin_pin(launch, tmp_path, demo, demo_processor):
     np.testing.assert_array_equal(served["probabilities"], version_1["probabilities"])
     listing = {m["name"]: (m["state"], m["version"]) for m in httpx.get(f"{url}/models").json()["models"]}
     assert listing == {"ranker": ("READY", "2"), "recall": ("READY", "1")}
+
+
+def test_admin_records_a_warmup_file_from_live_traffic(launch, tmp_path, demo):
+    """record -> live EAS HTTP and gRPC requests -> save: the file holds requests that were
+    answered 200 (not the refused one, not the signature probe), and a Processor warms up
+    with it."""
+    import grpc
+
+    from recserve import Processor
+    from recserve.proto import eas_service_pb2_grpc, predict_pb2
+    from recserve.warmup import read_warmup_file
+
+    running = launch(demo.config(), env={"RECSERVE_ADMIN_TOKEN": TOKEN})
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    admin = f"{running.url}/admin/models/default/warmup"
+    target = tmp_path / "recorded.bin"
+    assert httpx.post(f"{admin}/record", json={"requests": 64}).status_code == 401
+    not_started = httpx.post(f"{admin}/save", json={"path": str(target)}, headers=auth)
+    assert not_started.status_code == 409
+    assert not_started.json() == {"error": "model 'default' is not recording; POST /admin/models/default/warmup/record first"}
+    bad = httpx.post(f"{admin}/record", json={"requests": 0}, headers=auth)
+    assert bad.status_code == 400 and bad.json() == {"error": '"requests" must be an integer 1..10000, got 0'}
+    started = httpx.post(f"{admin}/record", json={"requests": 64}, headers=auth)
+    assert started.json() == {"model": "default", "recording": True, "requests": 64}
+
+    bodies = [encode_request(demo.sample_inputs(b, np.random.default_rng(b))) for b in (1, 2, 3)]
+    for body in bodies[:2]:
+        assert httpx.post(f"{running.url}/api/predict/svc", content=body).status_code == 200
+    assert httpx.post(f"{running.url}/api/predict/svc", content=b"").status_code == 200  # signature probe
+    assert httpx.post(f"{running.url}/api/predict/svc", content=b"\xff").status_code == 400
+    message = predict_pb2.PredictRequest.FromString(bodies[2])
+    with grpc.insecure_channel(running.grpc_address) as channel:
+        eas_service_pb2_grpc.PredictionServiceStub(channel).Predict(message, timeout=30)
+    bodies[2] = message.SerializeToString()  # the bytes the gRPC client sent
+
+    relative = httpx.post(f"{admin}/save", json={"path": "recorded.bin"}, headers=auth)
+    assert relative.status_code == 400
+    saved = httpx.post(f"{admin}/save", json={"path": str(target)}, headers=auth)
+    assert saved.status_code == 200, saved.text
+    assert saved.json() == {"path": str(target), "requests": 3, "seen": 3}
+    assert sorted(read_warmup_file(target)) == sorted(bodies)
+    again = httpx.post(f"{admin}/save", json={"path": str(target)}, headers=auth)
+    assert again.status_code == 409  # saving ends the recording
+
+    processor = Processor(demo.config() | {"warmup_file_name": str(target)})
+    try:
+        assert processor.ready
+    finally:
+        processor.close()

@@ -102,7 +102,7 @@ def test_sigterm_ends_health_watches_with_not_serving(launch, demo):
     started = time.monotonic()
     running.process.send_signal(signal.SIGTERM)
     for watch in watches:
-        assert [m.status for m in watch] == [health_pb2.HealthCheckResponse.NOT_SERVING]  # then the end
+        assert [m.status for m in watch] == [health_pb2.HealthCheckResponse.NOT_SERVING], running.log()  # then the end
     assert running.process.wait(60) == 0, running.log()
     # Well inside the server's 30 s grace (importing recserve.server here would clash with
     # tritonclient's copy of the KServe protos in this test process).
