@@ -86,7 +86,7 @@ def test_table_values_are_read_only_and_tables_copy_them_onto_cache_lines(tmp_pa
     """A local file's values are a read-only view of its mapping (nothing read until used); a
     remote one's are read-only too. A DRAM table copies them once into its own layout (the
     first row on a 64-byte line); either way the rows equal the file's bit for bit."""
-    from recserve.embedding import EmbeddingTable
+    from recserve.embedding import IMPLEMENTATION, EmbeddingTable
 
     values = np.random.default_rng(1).standard_normal((50, 3)).astype(np.float32)
     path = tmp_path / "t.safetensors"
@@ -96,7 +96,8 @@ def test_table_values_are_read_only_and_tables_copy_them_onto_cache_lines(tmp_pa
     if storage is STORAGE:
         assert isinstance(got.values.base, np.memmap)
     table = EmbeddingTable("t", 3, got.keys, got.values)
-    assert table._values is not None and table._values.ctypes.data % 64 == 0
+    if IMPLEMENTATION == "native":  # the pure-Python twin keeps its rows its own way
+        assert table._values is not None and table._values.ctypes.data % 64 == 0
     assert table.lookup(np.arange(50, dtype=np.int64)).tobytes() == values.tobytes()
     # Values of another dtype are not converted on the way: the table check refuses them.
     safetensors.numpy.save_file({"keys": np.arange(50, dtype=np.int64), "values": values.astype(np.float16)}, str(path))
