@@ -18,8 +18,8 @@ from recserve import __version__
 from recserve.errors import RecserveError
 from recserve.server.context import ServerContext
 from recserve.server.http_common import error_response
-from recserve.server.http_eas import EasPredictRoute
 from recserve.server.http_inference import inference_router
+from recserve.server.http_predict_routes import PredictRoutes
 from recserve.server.http_status import status_router
 
 __all__ = ["build_app"]
@@ -27,8 +27,9 @@ __all__ = ["build_app"]
 log = logging.getLogger("recserve.server")
 
 
-def build_app(ctx: ServerContext) -> EasPredictRoute:
-    """The server's ASGI app: the EAS route in front of the FastAPI app of all the others."""
+def build_app(ctx: ServerContext) -> PredictRoutes:
+    """The server's ASGI app: the EAS and KServe prediction routes in front of the FastAPI
+    app of all the others."""
     app = FastAPI(title="recserve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RecserveError)
@@ -53,4 +54,4 @@ def build_app(ctx: ServerContext) -> EasPredictRoute:
 
     app.include_router(inference_router(ctx))
     app.include_router(status_router(ctx))
-    return EasPredictRoute(app, ctx)
+    return PredictRoutes(app, ctx)

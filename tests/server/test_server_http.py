@@ -237,6 +237,10 @@ def test_health_listing_and_unknown_routes(server):
     assert too_deep.json() == {"error": "no route POST /api/predict/a/b/c; see docs/server.md for the routes"}
     slash = httpx.post(f"{server.url}/api/predict/pttest/", content=b"")
     assert slash.status_code == 200 and "inputs" in slash.json()  # the signature, as without the slash
+    kserve_get = httpx.get(f"{server.url}/v2/models/default/versions/1/infer")
+    assert kserve_get.status_code == 405 and kserve_get.headers["allow"] == "POST"
+    kserve_deep = httpx.post(f"{server.url}/v2/models/default/1/infer", content=b"{}")
+    assert kserve_deep.status_code == 404 and kserve_deep.json()["error"].startswith("no route POST")
 
 
 def test_metrics_count_requests_errors_and_stages(server, demo):
