@@ -61,6 +61,9 @@ RECSERVE_API int process(void* model_buf, const void* input_data, int input_size
  * output_data[i] must be freed. Returns 200 when every request returned 200, else the
  * status of the first request that did not. A bad call (NULL model_buf, count < 0, a NULL
  * array) returns 400; when the output arrays are usable each entry then holds the message.
+ * With dynamic batching on (max_batch_size > 0) the requests are served concurrently and
+ * merged into shared runs (a merged run may round a float output differently in its last
+ * bit); otherwise one after another.
  * This replaces DeepRec's batch_process, whose signature carried no request count. */
 RECSERVE_API int batch_process(void* model_buf, int count,
                                const void* const input_data[], const int input_size[],

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from recserve.errors import InternalError, RecserveError
@@ -18,6 +20,9 @@ from recserve.processor.processor import Processor
 __all__ = ["close", "include_dir", "library_path", "model_info", "open_processor", "process", "process_batch"]
 
 LIBRARY_NAME = "libserving_processor.so"
+# Threads batch_process serves one call's requests on (with dynamic batching on); more
+# requests than this queue, and still merge as the batcher collects them.
+BATCH_WORKERS = 64
 
 log = logging.getLogger("recserve.cabi")
 
@@ -60,8 +65,25 @@ def process(processor: Processor, data: bytes) -> tuple[int, bytes]:
 
 
 def process_batch(processor: Processor, requests: list[bytes]) -> list[tuple[int, bytes]]:
-    """`batch_process`: every request is served on its own and gets its own status."""
+    """`batch_process`: every request gets its own status and reply. With dynamic batching
+    on (max_batch_size > 0) they are served concurrently, so the batcher merges them into
+    shared runs as it merges concurrent callers; one by one, each would wait out
+    batch_timeout_micros alone. Otherwise they run in order on the calling thread."""
+    if processor.config.max_batch_size > 0 and len(requests) > 1:
+        return list(_batch_workers().map(processor.process, requests))
     return [processor.process(data) for data in requests]
+
+
+_workers: ThreadPoolExecutor | None = None
+_workers_lock = threading.Lock()
+
+
+def _batch_workers() -> ThreadPoolExecutor:
+    global _workers
+    with _workers_lock:
+        if _workers is None:
+            _workers = ThreadPoolExecutor(BATCH_WORKERS, thread_name_prefix="recserve-batch-process")
+        return _workers
 
 
 def model_info(processor: Processor) -> tuple[int, bytes]:
