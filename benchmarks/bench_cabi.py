@@ -19,7 +19,7 @@ import numpy as np
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
-from recserve.processor.cabi import library_path
+from recserve.processor.cabi import include_dir, library_path
 from recserve.processor.codec import encode_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def _compile_client(work: Path) -> Path:
             "-std=c11",
             "-O2",
             "-pthread",
-            f"-I{ROOT / 'native'}",
+            f"-I{include_dir()}",  # the header recserve ships
             str(CLIENT),
             "-o",
             str(binary),
