@@ -591,16 +591,24 @@ int rs_rebuild_index(rs_table* t) {
     return RS_OK;
 }
 
-static int upsert_one(rs_table* t, int64_t key, const float* row) {
-    rs_index* ix = atomic_load_explicit(&t->index, memory_order_relaxed);
+int rs_index_bucket_for_write(rs_table* t, int64_t key, rs_index** ix, bucket* b, bool* is_new) {
+    *ix = atomic_load_explicit(&t->index, memory_order_relaxed);
     uint64_t h = hash_key(key);
-    bucket b = index_find(ix, key, h);
-    bool is_new = atomic_load_explicit(b.key, memory_order_relaxed) != key;
-    if (is_new && ix->used + 1 > rs_index_max_used(ix)) {
+    *b = index_find(*ix, key, h);
+    *is_new = atomic_load_explicit(b->key, memory_order_relaxed) != key;
+    if (*is_new && (*ix)->used + 1 > rs_index_max_used(*ix)) {
         if (rs_rebuild_index(t)) return RS_ENOMEM;
-        ix = atomic_load_explicit(&t->index, memory_order_relaxed);
-        b = index_find(ix, key, h);
+        *ix = atomic_load_explicit(&t->index, memory_order_relaxed);
+        *b = index_find(*ix, key, h);
     }
+    return RS_OK;
+}
+
+static int upsert_one(rs_table* t, int64_t key, const float* row) {
+    rs_index* ix;
+    bucket b;
+    bool is_new;
+    if (rs_index_bucket_for_write(t, key, &ix, &b, &is_new)) return RS_ENOMEM;
     uint64_t slot;
     if (t->free_slots.len) {
         slot = t->free_slots.items[--t->free_slots.len];

@@ -232,6 +232,9 @@ static inline uint64_t unpublish_key(rs_table* t, const rs_index* ix, int64_t ke
 rs_table* rs_table_alloc(int64_t dim, int32_t default_kind, double stddev, uint64_t seed);
 int rs_reclaim(rs_table* t);
 int rs_rebuild_index(rs_table* t);
+/* Writer: the bucket for `key` in the current index (its own, or the empty one it would take,
+ * rebuilding a fuller index first so a new key fits); *is_new says which. RS_ENOMEM. */
+int rs_index_bucket_for_write(rs_table* t, int64_t key, rs_index** ix, bucket* b, bool* is_new);
 int rs_index_load(rs_table* t, const int64_t* keys, int64_t n, uint64_t tag, int64_t* bad_key);
 
 /* embedding_ssd.c */

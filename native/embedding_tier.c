@@ -226,15 +226,10 @@ static int tier_round(rs_table* t, int64_t max_entries) {
 /* Points key at its new record (and its DRAM copy, if resident). */
 static int publish(rs_table* t, int64_t key, const float* row, uint64_t record) {
     rs_tier* tier = t->tier;
-    rs_index* ix = atomic_load_explicit(&t->index, memory_order_relaxed);
-    uint64_t h = hash_key(key);
-    bucket b = index_find(ix, key, h);
-    bool is_new = atomic_load_explicit(b.key, memory_order_relaxed) != key;
-    if (is_new && ix->used + 1 > rs_index_max_used(ix)) {
-        if (rs_rebuild_index(t)) return RS_ENOMEM;
-        ix = atomic_load_explicit(&t->index, memory_order_relaxed);
-        b = index_find(ix, key, h);
-    }
+    rs_index* ix;
+    bucket b;
+    bool is_new;
+    if (rs_index_bucket_for_write(t, key, &ix, &b, &is_new)) return RS_ENOMEM;
     const uint64_t on_disk = record | SSD_TAG;
     if (is_new) {
         atomic_store_explicit(b.slot, on_disk, memory_order_relaxed);
