@@ -152,7 +152,8 @@ class EmbeddingTable:
     With `storage` (a TierSpec, see tiers.py) the table is tiered: every row goes to record
     files under storage.ssd_path, written in chunks, and the rows with the highest `freqs`
     (the first ones without freqs) to a DRAM tier of storage.dram_bytes; the arrays are not
-    kept, and `values` may be a read-only file mapping (a checkpoint's), read once in order. close() (or garbage collection) deletes the files.
+    kept, and `values` may be a read-only file mapping (a checkpoint's), read once in order.
+    close() (or garbage collection) deletes the files.
 
     Thread-safety: lookup, contains, snapshot and sample_keys may run from any number of
     threads, lock-free, concurrently with upsert/delete; writers serialise on an internal

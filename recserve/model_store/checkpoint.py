@@ -142,10 +142,9 @@ def _mapped_rows(path: str, name: str) -> np.ndarray | None:
     with open(path, "rb") as f:
         (header_size,) = struct.unpack("<Q", f.read(8))
         entry = json.loads(f.read(header_size))[name]
-    shape, (begin, end) = entry["shape"], entry["data_offsets"]
-    if entry["dtype"] != "F32" or len(shape) != 2 or shape[0] * shape[1] == 0 or end - begin != 4 * shape[0] * shape[1]:
-        return None
-    with open(path, "rb") as f:
+        shape, (begin, end) = entry["shape"], entry["data_offsets"]
+        if entry["dtype"] != "F32" or len(shape) != 2 or shape[0] * shape[1] == 0 or end - begin != 4 * shape[0] * shape[1]:
+            return None
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     # Read in order, once: let the kernel read ahead. (np.memmap was measured 5-10x slower
     # to copy from than a plain mapping under np.frombuffer.)
@@ -203,10 +202,8 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, ta
             table = name[len(EMBEDDING_DIR) : -len(TABLE_SUFFIX)]
             if table:
                 rows[table] = read_table(storage, join(ref.path, name))
-    if tables:
-        return Checkpoint(ref=ref, manifest=manifest, tables=rows, dense=dense)
-    return Checkpoint(ref=ref, manifest=manifest, tables={}, dense=dense,
-                      with_tables=lambda: load_checkpoint(storage, ref, manifest))
+    return Checkpoint(ref=ref, manifest=manifest, tables=rows, dense=dense,
+                      with_tables=None if tables else lambda: load_checkpoint(storage, ref, manifest))
 
 
 def bound_table_rows(

@@ -175,7 +175,9 @@ class Servable:
         parsed = codec.parse_request(data) if self.placed is None and self.redis is None else None
         route = None if parsed is None else self.routes.get(parsed.layout) or self._route(parsed)
         if route is None:
-            request = codec.decode_request(data)
+            # Parsed but not routable: its arrays, not a second parse.
+            request = codec.decode_request(data) if parsed is None else codec.DecodedRequest(
+                parsed.recipe.signature_name, parsed.inputs(), parsed.recipe.output_filter)
             trace.add("decode", start)
             outputs = self.predict(
                 request.inputs, request.output_filter, signature_name=request.signature_name or None, trace=trace

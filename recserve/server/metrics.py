@@ -68,13 +68,10 @@ class ServerMetrics:
         requests, latency, stages, batch = bound
         requests.inc()
         latency.observe(seconds)
-        spent = dict.fromkeys(STAGES, 0.0)
-        for span in trace.spans:
-            if span.stage in spent:
-                spent[span.stage] += span.seconds
         for stage, histogram in zip(STAGES, stages):
-            if spent[stage]:
-                histogram.observe(spent[stage])
+            spent = trace.seconds(stage)
+            if spent:
+                histogram.observe(spent)
         if trace.batch_size:
             batch.observe(trace.batch_size)
 
