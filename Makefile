@@ -38,7 +38,7 @@ proto: install
 
 # README.md inlines docs/*.md; docs/config.md is generated from the config field table.
 docs: install
-	$(BIN)/python -m recserve.processor.config --markdown > docs/config.md
+	$(BIN)/python -m recserve.config --markdown > docs/config.md
 	$(BIN)/python docs/include.py
 
 clean:

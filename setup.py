@@ -46,7 +46,7 @@ NATIVE = [
         extra_link_args=["-pthread", "-lm"],
     ),
     SharedLibrary(
-        "recserve.processor.librecserve_codec",
+        "recserve.wire.librecserve_codec",
         sources=["native/codec.c"],
         depends=["native/codec.h"],
         include_dirs=["native"],

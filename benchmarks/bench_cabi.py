@@ -20,7 +20,7 @@ from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
 from recserve.processor.cabi import include_dir, library_path
-from recserve.processor.codec import encode_request
+from recserve.wire.codec import encode_request
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "tests" / "cabi" / "cabi_client.c"

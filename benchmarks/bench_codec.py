@@ -10,8 +10,8 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks.report import Row
-from recserve.processor import codec
 from recserve.proto import predict_pb2 as pb
+from recserve.wire import codec
 
 NOTES = """
 Decode baseline: the pure-Python codec path (`RECSERVE_PURE_PYTHON=1`: one upb parse of a

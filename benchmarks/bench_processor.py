@@ -15,7 +15,7 @@ import onnxruntime as ort
 from benchmarks.models import build_dlrm
 from benchmarks.report import Row
 from recserve import Processor
-from recserve.processor.codec import encode_request
+from recserve.wire.codec import encode_request
 
 THREADS = 2
 NOTES = """Model: 26 sparse features (26 tables, 10M rows x 16 in all, random int64 keys), 13 dense,

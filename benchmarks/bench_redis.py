@@ -16,6 +16,7 @@ import numpy as np
 import redis
 
 from benchmarks.report import Row
+from recserve.config import ProcessorConfig
 from recserve.embedding import EmbeddingTable, LookupPlan
 from recserve.embedding.redis_keys import KeySpace, row_keys
 from recserve.embedding.redis_store import open_redis_tables
@@ -23,7 +24,6 @@ from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.checkpoint import Checkpoint, TableData
 from recserve.model_store.manifest import Manifest
 from recserve.model_store.versions import VersionRef
-from recserve.processor.config import ProcessorConfig
 
 ROWS = 500_000
 DIM = 16

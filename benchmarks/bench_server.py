@@ -28,8 +28,8 @@ import numpy as np
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
-from recserve.processor.codec import encode_request
 from recserve.proto import eas_service_pb2_grpc, predict_pb2
+from recserve.wire.codec import encode_request
 
 CLIENTS = 16
 PROCESSES = 4  # client processes (CLIENTS / PROCESSES threads each): one Python process is GIL-bound

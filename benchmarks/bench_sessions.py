@@ -95,7 +95,7 @@ def big_model(path: Path) -> str:
 
 
 def _group(model: str, **fields: Any) -> Any:
-    from recserve.processor.config import parse_config
+    from recserve.config import parse_config
     from recserve.processor.session_group import SessionGroup
 
     fields.setdefault("use_per_session_threads", True)

@@ -17,7 +17,7 @@ from benchmarks.models import DlrmModel, build_dlrm
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export import write_checkpoint, write_delta
-from recserve.processor.codec import decode_response, encode_request
+from recserve.wire.codec import decode_response, encode_request
 
 INTERVAL = 0.5
 CLIENTS = 2

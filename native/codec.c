@@ -23,7 +23,7 @@ enum { F_FLOAT = 3, F_DOUBLE = 4, F_INT = 5, F_STRING = 6, F_INT64 = 7, F_BOOL =
 enum { OK = 0, FALLBACK = RS_CODEC_FALLBACK, VALUES_FULL = RS_CODEC_VALUES_FULL,
        SCRATCH_FULL = RS_CODEC_SCRATCH_FULL };
 
-/* How one ArrayDataType travels (TF's conventions, as recserve.processor.codec._KINDS). */
+/* How one ArrayDataType travels (TF's conventions, as recserve.wire.codec._KINDS). */
 typedef struct {
     uint8_t field;        /* value field number; 0 = not supported here */
     uint8_t per_element;  /* complex values travel as (real, imag) pairs */

@@ -2,7 +2,7 @@
  * Python turns into numpy arrays with one step per group of alike inputs.
  *
  * One call parses a whole request. It succeeds only when its result is exactly what the
- * generated protobuf parser (upb) followed by recserve.processor.codec's checks would give:
+ * generated protobuf parser (upb) followed by recserve.wire.codec's checks would give:
  * fields in any order, packed or unpacked values, packed chunks split in pieces, repeated
  * map entries with the same key (the last one wins), repeated `value`/`array_shape`
  * messages (merged), unknown fields (skipped). Everything else -- malformed bytes, invalid

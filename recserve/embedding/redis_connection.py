@@ -20,9 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from recserve.config.values import redact_url
 from recserve.errors import StorageError
 from recserve.model_store.backoff import Backoff
-from recserve.processor.config_values import redact_url
 
 __all__ = ["RECONNECT_BACKOFF", "RedisConnection"]
 

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from recserve.config import ProcessorConfig
 from recserve.embedding import EmbeddingTable, LookupPlan
 from recserve.embedding._inputs import check_count, check_ids
 from recserve.embedding.redis_connection import RedisConnection
@@ -40,7 +41,6 @@ from recserve.embedding.redis_table import RedisTable
 from recserve.errors import ModelLoadError
 from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.checkpoint import Checkpoint, TableData, bound_table_rows
-from recserve.processor.config import ProcessorConfig
 
 __all__ = ["RedisLookupPlan", "RedisTableSet", "connect", "open_redis_tables"]
 

@@ -27,7 +27,7 @@ import numpy as np
 from recserve.errors import ConfigError
 
 if TYPE_CHECKING:
-    from recserve.processor.config import ProcessorConfig
+    from recserve.config import ProcessorConfig
 
 __all__ = ["POLICIES", "TierSpec", "tier_capacity", "tier_spec"]
 

@@ -32,7 +32,7 @@ from recserve.export.model_dir_writer import write_model_dir
 from recserve.export.string_key import string_keys
 from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec, SignatureSpec
 from recserve.model_store.checkpoint import TableData
-from recserve.processor.codec import encode_request
+from recserve.wire.codec import encode_request
 
 __all__ = ["DEMO_SPEC", "DemoModel", "demo_tables", "write_demo"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import tempfile
 
+from recserve.config import ProcessorConfig
 from recserve.errors import StorageError
 from recserve.model_store.hdfs import hdfs_storage
 from recserve.model_store.oss import ObjectStorage
 from recserve.model_store.storage import LocalStorage, Storage, join
-from recserve.processor.config import ProcessorConfig
 
 __all__ = ["copy_to_local", "storage_for"]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.config import ProcessorConfig, parse_config
 from recserve.errors import ConfigError, InternalError, RecserveError
 from recserve.model_store.backends import copy_to_local, storage_for
 from recserve.model_store.backoff import Backoff
@@ -28,14 +29,13 @@ from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
 from recserve.model_store.versions import VersionRef
 from recserve.model_store.watcher import VersionWatcher
-from recserve.processor import codec
-from recserve.processor.config import ProcessorConfig, parse_config
 from recserve.processor.manager import ServableManager
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.placement import PlacedModel, place_embeddings
 from recserve.runtime.threads import apply_thread_environment
 from recserve.warmup import Warmup
+from recserve.wire import codec
 
 __all__ = ["Processor"]
 

@@ -23,7 +23,7 @@ from recserve.embedding import string_keys
 from recserve.processor.signature import Signature
 
 if TYPE_CHECKING:
-    from recserve.processor._codec_native import ParsedRequest
+    from recserve.wire._codec_native import ParsedRequest
 
 __all__ = ["RequestRoute"]
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from recserve.config import ProcessorConfig
 from recserve.embedding import EmbeddingTable, LookupPlan, string_keys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import ModelLoadError, RequestError
@@ -20,17 +21,16 @@ from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint, bound_table_rows
 from recserve.model_store.model_dir import ModelDir
 from recserve.model_store.updater import apply_delta
-from recserve.processor import codec
-from recserve.processor.config import ProcessorConfig
 from recserve.processor.request_route import RequestRoute
 from recserve.processor.session_group import SessionGroup
 from recserve.processor.signature import DEFAULT_SIGNATURE, GraphTensor, Signature, build_signatures
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.placed_inputs import PlacedInputs
 from recserve.runtime.placement import PlacedModel
+from recserve.wire import codec
 
 if TYPE_CHECKING:
-    from recserve.processor._codec_native import ParsedRequest
+    from recserve.wire._codec_native import ParsedRequest
 
 __all__ = ["Servable", "build_tables"]
 

@@ -22,9 +22,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from recserve.config import ProcessorConfig
 from recserve.errors import ConfigError, InternalError, ModelLoadError, RequestError
 from recserve.processor.batching import DynamicBatcher
-from recserve.processor.config import ProcessorConfig
 from recserve.processor.signature import GraphTensor
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.cpus import check_cpusets, pin_calling_thread

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
+from recserve.config import ProcessorConfig
 from recserve.errors import ModelNotReadyError, RecserveError, RequestError
-from recserve.processor.config import ProcessorConfig
 from recserve.processor.manager import ServableManager
 from recserve.processor.processor import Processor
 from recserve.server.errors import ConflictError, UnknownModelError

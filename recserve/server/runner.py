@@ -24,8 +24,8 @@ import grpc
 import uvicorn
 import uvloop
 
+from recserve.config import parse_model_configs
 from recserve.errors import RecserveError
-from recserve.processor.config import parse_model_configs
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
 from recserve.server.grpc_services import build_grpc_server

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from recserve.config import ProcessorConfig, Secret
 from recserve.errors import ConfigError
-from recserve.processor.config import ProcessorConfig, Secret
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "ServerSettings"]
 

@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from recserve.config import ProcessorConfig, Secret
 from recserve.errors import StorageError
-from recserve.processor.config import ProcessorConfig, Secret
 from recserve.processor.trace import RequestTrace
 
 __all__ = ["TimelineSelector", "chrome_trace", "write_timeline"]

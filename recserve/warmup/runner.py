@@ -11,9 +11,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from recserve.errors import ModelLoadError, RequestError
-from recserve.processor import codec
 from recserve.warmup.synthesize import synthesize_inputs
 from recserve.warmup.warmup_file import read_warmup_file
+from recserve.wire import codec
 
 __all__ = ["Warmup", "WarmupResult"]
 

@@ -17,7 +17,7 @@ import pytest
 from recserve import Processor
 from recserve.export.demo import DemoModel, write_demo
 from recserve.processor.cabi import include_dir, library_path
-from recserve.processor.codec import encode_request
+from recserve.wire.codec import encode_request
 
 HERE = Path(__file__).resolve().parent
 

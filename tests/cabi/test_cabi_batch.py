@@ -9,7 +9,7 @@ import numpy as np
 
 from recserve import Processor
 from recserve.processor import cabi
-from recserve.processor.codec import decode_response
+from recserve.wire.codec import decode_response
 
 
 def _batching_config(demo) -> dict:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import pytest
 
 from recserve import Processor
 from recserve.errors import RecserveError
-from recserve.processor.codec import encode_request
+from recserve.wire.codec import encode_request
 
 
 def test_bad_requests_get_400_with_the_python_message(client, demo, processor) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recserve.config import parse_config
 from recserve.embedding import _native, tiers
 from recserve.embedding.tiers import TierSpec, tier_spec
 from recserve.errors import ConfigError, StorageError
 from recserve.model_spec import DefaultSpec
-from recserve.processor.config import parse_config
 
 DIM = 8
 ROW_SLOT = 4 * DIM + tiers.SLOT_OVERHEAD  # DRAM bytes per resident row

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from recserve.config import ProcessorConfig, Secret
 from recserve.embedding import default_vectors
 from recserve.embedding.redis_connection import RedisConnection
 from recserve.embedding.redis_import import ensure_version
@@ -24,7 +25,6 @@ from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
 from recserve.model_store.manifest import read_manifest
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.versions import VersionRef
-from recserve.processor.config import ProcessorConfig, Secret
 
 DEFAULT = DefaultSpec("normal", 0.5, 3)
 BINDINGS = [EmbeddingBinding("user_id", "user", 4, "user_emb", default=DEFAULT)]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import redis
 
+from recserve.config import ProcessorConfig
 from recserve.embedding import EmbeddingTable, default_vectors
 from recserve.embedding.redis_import import KEEP_VERSIONS
 from recserve.embedding.redis_keys import KeySpace, row_keys
@@ -23,7 +24,6 @@ from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
 from recserve.model_store.manifest import read_manifest
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.versions import VersionRef
-from recserve.processor.config import ProcessorConfig
 
 MODEL = "ctr"
 USER_DEFAULT = DefaultSpec("normal", 0.1, 7)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from recserve.config import ProcessorConfig
 from recserve.embedding import default_vectors
 from recserve.embedding.redis_store import open_redis_tables
 from recserve.errors import CorruptVersionError, ModelNotReadyError
@@ -20,7 +21,6 @@ from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
 from recserve.model_store.manifest import read_manifest
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.versions import VersionRef
-from recserve.processor.config import ProcessorConfig
 
 DEFAULT = DefaultSpec("normal", 0.5, 3)
 BINDINGS = [EmbeddingBinding("user_id", "user", 4, "user_emb", default=DEFAULT)]

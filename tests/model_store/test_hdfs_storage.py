@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recserve.config import parse_config
 from recserve.errors import StorageError
 from recserve.export import write_checkpoint
 from recserve.model_store import LocalStorage, load_checkpoint, newest_complete_version
 from recserve.model_store.backends import storage_for
 from recserve.model_store.hdfs import ArrowStorage, WebHdfsStorage, hdfs_storage, split_hdfs_url
-from recserve.processor.config import parse_config
 
 
 def _tree(root: Path) -> None:

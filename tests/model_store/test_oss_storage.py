@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recserve.config import parse_config
 from recserve.errors import StorageError
 from recserve.export import write_checkpoint, write_delta
 from recserve.model_store import (
@@ -18,7 +19,6 @@ from recserve.model_store import (
 )
 from recserve.model_store.backends import copy_to_local, storage_for
 from recserve.model_store.oss import ObjectStorage, oss_region, split_url
-from recserve.processor.config import parse_config
 
 
 def _tree(root: Path) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from recserve import Processor
-from recserve.processor.codec import decode_response, encode_request
+from recserve.wire.codec import decode_response, encode_request
 
 # Polling intervals. moto is a Python server sharing the machine's two cores with eight
 # unpaced client threads; under that load each of its requests takes 50-150 ms (~10 ms

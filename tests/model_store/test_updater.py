@@ -10,13 +10,13 @@ import threading
 import numpy as np
 import pytest
 
+from recserve.config import parse_config
 from recserve.errors import CorruptVersionError, ModelLoadError, StorageError, VersionNotReadyError
 from recserve.export import write_delta
 from recserve.model_store import LocalStorage, load_model_dir
 from recserve.model_store.backoff import Backoff, Retry, Stopped
 from recserve.model_store.updater import ModelUpdater
 from recserve.model_store.watcher import VersionWatcher
-from recserve.processor.config import parse_config
 from recserve.processor.manager import ServableManager
 from recserve.processor.servable import Servable
 from recserve.warmup import Warmup

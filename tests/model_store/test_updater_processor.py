@@ -13,7 +13,7 @@ from recserve import Processor
 from recserve.errors import ConfigError, VersionNotReadyError
 from recserve.export import write_model_dir
 from recserve.model_spec import ModelSpec
-from recserve.processor.codec import decode_model_info
+from recserve.wire.codec import decode_model_info
 
 
 def _score(processor: Processor, keys: np.ndarray) -> np.ndarray:

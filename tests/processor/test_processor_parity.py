@@ -16,7 +16,7 @@ from recserve.export import write_checkpoint, write_model_dir
 from recserve.export.demo import write_demo
 from recserve.export.reference import Reference
 from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec, SignatureSpec
-from recserve.processor.codec import decode_response, encode_request
+from recserve.wire.codec import decode_response, encode_request
 
 ROWS = 100_000
 DIM = 8

@@ -10,7 +10,7 @@ import pytest
 
 from recserve import Processor
 from recserve.errors import RequestError
-from recserve.processor.codec import decode_response, encode_request
+from recserve.wire.codec import decode_response, encode_request
 
 ALL_INPUTS = "['age', 'city', 'clicked_items', 'hour', 'item_category', 'item_id', 'price', 'query_category', 'user_id']"
 

@@ -11,10 +11,10 @@ import pytest
 
 from recserve import Processor
 from recserve.export.demo import DemoModel
-from recserve.processor import codec
-from recserve.processor.codec import decode_response, encode_request
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
+from recserve.wire import codec
+from recserve.wire.codec import decode_response, encode_request
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
 

@@ -14,9 +14,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from recserve.config import parse_config
 from recserve.errors import ConfigError, ModelLoadError, RequestError
 from recserve.processor import session_group
-from recserve.processor.config import parse_config
 from recserve.processor.session_group import SessionGroup, device_settings
 from recserve.runtime.cpus import available_cpus
 

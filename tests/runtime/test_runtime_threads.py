@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(
     import numpy as np, onnx
     from onnx import TensorProto, helper
     from recserve.errors import ConfigError
-    from recserve.processor.config import parse_config
+    from recserve.config import parse_config
     from recserve.processor.session_group import SessionGroup
     from recserve.runtime.threads import global_thread_pools
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from recserve.processor.config import parse_model_configs
+from recserve.config import parse_model_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ import tritonclient.grpc as triton_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from recserve.processor.codec import decode_response, encode_request
 from recserve.proto import eas_service_pb2, eas_service_pb2_grpc, predict_pb2
+from recserve.wire.codec import decode_response, encode_request
 
 V2_TYPES = {np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32", np.dtype(object): "BYTES"}
 

@@ -13,8 +13,8 @@ import pytest
 import tritonclient.http as triton_http
 import urllib3
 
-from recserve.processor.codec import decode_response, encode_request
 from recserve.proto import predict_pb2
+from recserve.wire.codec import decode_response, encode_request
 
 V2_TYPES = {np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32", np.dtype(object): "BYTES"}
 

@@ -11,7 +11,7 @@ import numpy as np
 from recserve.export.checkpoint_writer import write_checkpoint
 from recserve.export.demo import demo_dense, demo_tables, write_demo
 from recserve.model_store.checkpoint import TableData
-from recserve.processor.codec import decode_response, encode_request
+from recserve.wire.codec import decode_response, encode_request
 
 TOKEN = "s3cret-admin-token"
 

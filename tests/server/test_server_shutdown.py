@@ -14,8 +14,8 @@ import grpc
 import httpx
 import numpy as np
 
-from recserve.processor.codec import decode_response, encode_request
 from recserve.proto import eas_service_pb2_grpc, predict_pb2
+from recserve.wire.codec import decode_response, encode_request
 
 
 def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):

@@ -12,10 +12,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from recserve.processor.codec import encode_request
-from recserve.processor.config import parse_config
+from recserve.config import parse_config
 from recserve.processor.trace import RequestTrace
 from recserve.server.timeline import TimelineSelector, chrome_trace, write_timeline
+from recserve.wire.codec import encode_request
 
 
 def test_selector_steps():

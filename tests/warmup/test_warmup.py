@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 
+from recserve.config import parse_config
 from recserve.errors import ConfigError, ModelLoadError
 from recserve.export.demo import write_demo
 from recserve.model_store import (
@@ -15,8 +16,6 @@ from recserve.model_store import (
     load_model_dir,
     newest_complete_version,
 )
-from recserve.processor.codec import encode_request
-from recserve.processor.config import parse_config
 from recserve.processor.servable import Servable
 from recserve.warmup import (
     MAGIC,
@@ -28,6 +27,7 @@ from recserve.warmup import (
     synthesize_inputs,
     write_warmup_file,
 )
+from recserve.wire.codec import encode_request
 
 
 @pytest.fixture(scope="module")

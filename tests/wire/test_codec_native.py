@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from recserve.errors import RequestError
-from recserve.processor import codec
+from recserve.wire import codec
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="the native decoder is off (RECSERVE_PURE_PYTHON=1)")
 
 if codec._native is not None:
-    from recserve.processor import _codec_native as native
+    from recserve.wire import _codec_native as native
 
 
 def varint(n: int) -> bytes:
@@ -349,7 +349,7 @@ def test_empty_and_non_bytes_input() -> None:
 
 
 def test_environment_variable_selects_the_python_decoder() -> None:
-    code = "from recserve.processor import codec; print(codec._native is None)"
+    code = "from recserve.wire import codec; print(codec._native is None)"
     for value, expected in (("1", "True"), ("", "False")):
         env = dict(os.environ, RECSERVE_PURE_PYTHON=value)
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from recserve.config import ProcessorConfig, Secret, parse_config, parse_model_configs
 from recserve.errors import ConfigError
-from recserve.processor.config import ProcessorConfig, Secret, parse_config, parse_model_configs
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BASE = {"savedmodel_dir": "/m"}
@@ -56,7 +56,7 @@ def test_defaults_match_deeprec_and_documented_recserve_values() -> None:
 
 
 def test_deeprec_full_example_has_every_deeprec_field_and_reads_them() -> None:
-    from recserve.processor.config import config_fields
+    from recserve.config import config_fields
 
     raw = json.loads((CONFIGS / "deeprec_full.json").read_text())
     deeprec = {f.name for f in config_fields() if f.origin == "DeepRec"}
@@ -205,7 +205,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 # -- field errors ------------------------------------------------------------------------
 
-VALID = "Valid fields are listed in docs/config.md (or run: python -m recserve.processor.config --markdown)."
+VALID = "Valid fields are listed in docs/config.md (or run: python -m recserve.config --markdown)."
 
 
 @pytest.mark.parametrize(

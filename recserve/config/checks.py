@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from recserve.errors import ConfigError
 
 if TYPE_CHECKING:
-    from recserve.processor.config import ProcessorConfig
+    from recserve.config.schema import ProcessorConfig
 
 __all__ = ["check_consistency"]
 

@@ -6,15 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recserve.processor.config import config_fields
-from recserve.processor.config_docs import render_markdown
+from recserve.config import config_fields
+from recserve.config.docs import render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_config_md_is_in_sync_with_the_field_table() -> None:
     assert (ROOT / "docs" / "config.md").read_text(encoding="utf-8") == render_markdown(), (
-        "docs/config.md is stale; regenerate it: python -m recserve.processor.config --markdown > docs/config.md"
+        "docs/config.md is stale; regenerate it: python -m recserve.config --markdown > docs/config.md"
     )
 
 
@@ -27,7 +27,7 @@ def test_every_field_has_a_row_a_status_and_a_doc() -> None:
 
 
 def test_command_line_prints_the_markdown_and_checks_files() -> None:
-    run = [sys.executable, "-m", "recserve.processor.config"]
+    run = [sys.executable, "-m", "recserve.config"]
     printed = subprocess.run([*run, "--markdown"], capture_output=True, text=True, check=True, cwd=ROOT)
     assert printed.stdout == render_markdown()
     checked = subprocess.run([*run, "--check", "configs/redis_store.json"], capture_output=True, text=True, check=False, cwd=ROOT)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from recserve.errors import InternalError, RequestError
-from recserve.processor import codec
 from recserve.proto import predict_pb2 as pb
+from recserve.wire import codec
 
 
 @pytest.fixture(autouse=True, params=["native", "python"])

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from recserve.config.values import close_match, show
 from recserve.errors import ConfigError
-from recserve.processor.config_values import close_match, show
 
 __all__ = ["DEFAULT_MODEL_NAME", "EAS_SERVICE_KEYS", "load_document", "split_models"]
 

@@ -1,6 +1,6 @@
 """docs/config.md, rendered from the field table of `ProcessorConfig`.
 
-``python -m recserve.processor.config --markdown > docs/config.md`` regenerates it; a
+``python -m recserve.config --markdown > docs/config.md`` regenerates it; a
 test fails when the file and the table differ. Pure function, thread-safe.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from recserve.processor.config import ConfigField, config_fields
-from recserve.processor.config_sources import EAS_SERVICE_KEYS
+from recserve.config.schema import ConfigField, config_fields
+from recserve.config.sources import EAS_SERVICE_KEYS
 
 __all__ = ["render_markdown"]
 
@@ -20,8 +20,8 @@ _INTRO = """\
 `initialize` (C ABI), `recserve.Processor(config)` and `recserve serve --config FILE` take
 DeepRec's processor JSON. Every DeepRec field below keeps DeepRec's name, type and meaning;
 recserve adds the fields marked *recserve*. This page is generated from the field table in
-`recserve/processor/config.py` (`python -m recserve.processor.config --markdown`); check a
-config file with `python -m recserve.processor.config --check FILE`.
+`recserve/processor/config.py` (`python -m recserve.config --markdown`); check a
+config file with `python -m recserve.config --check FILE`.
 
 **Status** says what recserve does with a field: *honoured* — same meaning as in DeepRec;
 *mapped* — translated to its ONNX Runtime equivalent, as described; *advisory* — accepted

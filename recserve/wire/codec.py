@@ -40,7 +40,7 @@ from recserve.errors import InternalError, RequestError
 from recserve.proto import predict_pb2 as pb
 
 if TYPE_CHECKING:
-    from recserve.processor._codec_native import ParsedRequest
+    from recserve.wire._codec_native import ParsedRequest
 
 _NativeDecode = Callable[[bytes], "tuple[str, dict[str, np.ndarray], tuple[str, ...]] | None"]
 _NativeParse = Callable[[bytes], "ParsedRequest | None"]
@@ -49,7 +49,7 @@ _NativeParse = Callable[[bytes], "ParsedRequest | None"]
 def _native_codec() -> tuple[_NativeDecode, _NativeParse] | tuple[None, None]:
     if os.environ.get("RECSERVE_PURE_PYTHON") == "1":
         return None, None
-    from recserve.processor._codec_native import decode, parse
+    from recserve.wire._codec_native import decode, parse
     return decode, parse
 
 

@@ -1,9 +1,9 @@
 """The processor config: DeepRec's processor JSON plus recserve's own fields (DESIGN §5).
 
 `ProcessorConfig` *is* the table of fields: each field declares its type, default, how
-its JSON value is read and checked (`recserve.processor.config_values`), its status and a
+its JSON value is read and checked (`recserve.config.values`), its status and a
 one-line doc, so adding a field is one entry, and docs/config.md is rendered from it
-(``python -m recserve.processor.config --markdown``). Status says what recserve does with
+(``python -m recserve.config --markdown``). Status says what recserve does with
 a field: "honoured" (same meaning as DeepRec), "mapped" (translated to the ONNX Runtime
 equivalent) or "advisory" (accepted for DeepRec configs, no effect; the doc says why).
 
@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from recserve.config import values as kinds
+from recserve.config.checks import check_consistency
+from recserve.config.sources import EAS_SERVICE_KEYS, load_document, split_models
+from recserve.config.values import Kind, Secret, close_match
 from recserve.errors import ConfigError
-from recserve.processor import config_values as kinds
-from recserve.processor.config_checks import check_consistency
-from recserve.processor.config_sources import EAS_SERVICE_KEYS, load_document, split_models
-from recserve.processor.config_values import Kind, Secret, close_match
 
 __all__ = [
     "ConfigField",
@@ -41,7 +41,7 @@ Status = Literal["honoured", "mapped", "advisory"]
 Origin = Literal["DeepRec", "recserve"]
 
 VALID_FIELDS_HINT = (
-    "Valid fields are listed in docs/config.md (or run: python -m recserve.processor.config --markdown)."
+    "Valid fields are listed in docs/config.md (or run: python -m recserve.config --markdown)."
 )
 
 _REQUIRED: Any = dataclasses.MISSING
@@ -494,14 +494,14 @@ def parse_config(raw: str | bytes | Mapping[str, Any] | os.PathLike[str]) -> Pro
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m recserve.processor.config", description="Processor config tools."
+        prog="python -m recserve.config", description="Processor config tools."
     )
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--markdown", action="store_true", help="print docs/config.md")
     group.add_argument("--check", metavar="FILE", help="validate a config file and print it, secrets hidden")
     args = parser.parse_args(argv)
     if args.markdown:
-        from recserve.processor.config_docs import render_markdown
+        from recserve.config.docs import render_markdown
 
         sys.stdout.write(render_markdown())
         return 0

@@ -1,0 +1,5 @@
+import sys
+
+from recserve.config.schema import main
+
+sys.exit(main())
