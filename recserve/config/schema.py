@@ -14,10 +14,8 @@ several (EAS ``{"models": [...]}``). Both accept JSON text, bytes, a dict or a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -491,31 +489,3 @@ def parse_config(raw: str | bytes | Mapping[str, Any] | os.PathLike[str]) -> Pro
         )
     return models[0][1]
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m recserve.config", description="Processor config tools."
-    )
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print docs/config.md")
-    group.add_argument("--check", metavar="FILE", help="validate a config file and print it, secrets hidden")
-    args = parser.parse_args(argv)
-    if args.markdown:
-        from recserve.config.docs import render_markdown
-
-        sys.stdout.write(render_markdown())
-        return 0
-    import json
-    from pathlib import Path
-
-    try:
-        models = parse_model_configs(Path(args.check))
-    except ConfigError as exc:
-        print(f"{args.check}: {exc.message}", file=sys.stderr)
-        return 2
-    print(json.dumps({name: config.public_dict() for name, config in models}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
