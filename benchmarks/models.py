@@ -94,3 +94,51 @@ def build_dlrm(
     checkpoint_dir = root / "checkpoints"
     write_checkpoint(checkpoint_dir, tables, global_step=1)
     return DlrmModel(root, Path(model_dir), checkpoint_dir, keys, values, n_sparse, n_dense, dim)
+
+
+@dataclass
+class PlainDlrmModel:
+    """The DLRM-like model as an exporter writes it: one ONNX file, each table a [rows, dim]
+    initializer read by a Gather, no model.json (served with device placement)."""
+
+    root: Path
+    model_dir: Path
+    onnx_path: Path
+    rows: int
+    n_sparse: int
+    n_dense: int
+
+    def config(self, **extra: object) -> dict[str, object]:
+        return {"savedmodel_dir": str(self.model_dir), "enable_device_placement_optimization": True, **extra}
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        inputs: dict[str, np.ndarray] = {"dense": rng.random((batch, self.n_dense), dtype=np.float32)}
+        for t in range(self.n_sparse):
+            inputs[f"C{t}"] = rng.integers(0, self.rows, batch, dtype=np.int64)
+        return inputs
+
+
+def build_plain_dlrm(
+    root: Path, *, n_sparse: int = 26, n_dense: int = 13, dim: int = 16, rows: int = 40_000,
+    hidden: tuple[int, ...] = (512, 256), seed: int = 0,
+) -> PlainDlrmModel:
+    """26 Gathers on [rows, dim] initializers + 13 dense features, MLP 429-512-256-1."""
+    rng = np.random.default_rng(seed)
+    inputs = [helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", n_dense])]
+    inputs += [helper.make_tensor_value_info(f"C{t}", TensorProto.INT64, ["batch"]) for t in range(n_sparse)]
+    gathers = [helper.make_node("Gather", [f"table{t}", f"C{t}"], [f"emb{t}"], axis=0) for t in range(n_sparse)]
+    tables = [
+        numpy_helper.from_array(rng.standard_normal((rows, dim), dtype=np.float32), f"table{t}") for t in range(n_sparse)
+    ]
+    concat = helper.make_node("Concat", ["dense"] + [f"emb{t}" for t in range(n_sparse)], ["features"], axis=1)
+    nodes, inits = _mlp([n_dense + n_sparse * dim, *hidden, 1], rng)
+    graph = helper.make_graph(
+        [*gathers, concat, *nodes], "plain_dlrm", inputs,
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 1])], [*tables, *inits],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model_dir = root / "plain_model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path = model_dir / "model.onnx"
+    onnx.save(model, str(onnx_path))
+    return PlainDlrmModel(root, model_dir, onnx_path, rows, n_sparse, n_dense)

@@ -476,11 +476,21 @@ class LookupPlan:
             return []
         return self._run(ids, layout, None)
 
+    def run_packed_flat(self, ids: np.ndarray, layout: _Layout) -> np.ndarray:
+        """As run_packed, with the outputs back to back (plan order, each C-ordered) in one
+        float32 array: for callers that place them themselves (request_route's folded Concat)."""
+        _inputs.check_packed(ids, layout.ids_end)
+        return self._arena(ids, layout)
+
+    def _arena(self, flat: np.ndarray, layout: _Layout) -> np.ndarray:
+        arena = np.empty(layout.out_size, dtype=np.float32)
+        if layout.n:
+            _check(_LIB.rs_lookup_at(layout.tasks_address, layout.n, _address(flat), _address(arena)), "lookup")
+        return arena
+
     def _run(self, flat: np.ndarray, layout: _Layout, outs: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         if outs is None:
-            arena = np.empty(layout.out_size, dtype=np.float32)
-            status = _LIB.rs_lookup_at(layout.tasks_address, layout.n, _address(flat), _address(arena))
-            _check(status, "lookup")
+            arena = self._arena(flat, layout)
             results: list[np.ndarray] = []
             for start, stop, shape in layout.runs:
                 results.extend(arena[start:stop].reshape(shape))

@@ -241,6 +241,10 @@ class LookupPlan:
         _inputs.check_packed(ids, layout.ids_end)
         return self.run([ids[o:o + math.prod(shape)].reshape(shape) for o, shape in layout.spans])
 
+    def run_packed_flat(self, ids: np.ndarray, layout: _PackedLayout) -> np.ndarray:
+        outs = self.run_packed(ids, layout)
+        return np.concatenate([o.ravel() for o in outs]) if outs else np.zeros(0, dtype=np.float32)
+
 
 @dataclass(frozen=True)
 class _PackedLayout:

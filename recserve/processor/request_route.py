@@ -9,6 +9,12 @@ the lookup plan in place (`LookupPlan.run_packed`, one native call, no per-input
 concatenate), dense inputs are views of it. Values never change what a route does; string
 ids are hashed into their own slots of the buffer first.
 
+Where the session group folds a Concat of graph inputs into one input
+(`recserve.runtime.input_concat`) and every lookup feeds that Concat, the route writes the
+folded input itself: dense columns from the buffer, and the plan's outputs (one float32
+arena, [B, dim] blocks back to back) moved into their columns a block of alike outputs at
+a time, instead of 26 views and a 27-way concatenate (28 us vs 3 us at batch 1).
+
 Immutable once built; shared by every thread serving its servable.
 """
 
@@ -23,6 +29,7 @@ from recserve.embedding import string_keys
 from recserve.processor.signature import Signature
 
 if TYPE_CHECKING:
+    from recserve.runtime.input_concat import InputConcat
     from recserve.wire._codec_native import ParsedRequest
 
 __all__ = ["RequestRoute"]
@@ -30,8 +37,61 @@ __all__ = ["RequestRoute"]
 _Reader = Callable[[np.ndarray, bytes], np.ndarray]
 
 
+class _FoldedFeed:
+    """How a route fills the folded Concat input `name` ([batch, width] float32): dense
+    `columns` (start, stop, reader) and `blocks` (first column, arena offset, count, dim) of
+    alike plan outputs standing side by side in both the arena and the Concat."""
+
+    __slots__ = ("blocks", "columns", "name", "width")
+
+    def __init__(self, name: str, width: int, columns: tuple[tuple[int, int, _Reader], ...],
+                 blocks: tuple[tuple[int, int, int, int], ...]) -> None:
+        self.name = name
+        self.width = width
+        self.columns = columns
+        self.blocks = blocks
+
+    @classmethod
+    def build(cls, concat: InputConcat, batch: int, part_widths: Mapping[str, int],
+              dense: Mapping[str, _Reader], outputs: Sequence[tuple[str, int, int]]) -> _FoldedFeed | None:
+        """`outputs`: (graph input, arena offset, dim) of every plan output, in plan order;
+        None unless each of them and each dense part is a [batch, w] part of the Concat."""
+        where, column = {}, 0
+        for name in concat.parts:
+            where[name] = column
+            column += part_widths[name]
+        if any(name not in where for name, _, _ in outputs):
+            return None
+        blocks: list[list[int]] = []
+        for name, offset, dim in outputs:
+            last = blocks[-1] if blocks else None
+            if (last is not None and last[3] == dim and where[name] == last[0] + last[2] * dim
+                    and offset == last[1] + last[2] * batch * dim):
+                last[2] += 1
+            else:
+                blocks.append([where[name], offset, 1, dim])
+        columns = []
+        for name in concat.parts:
+            if name in dense:
+                columns.append((where[name], where[name] + part_widths[name], dense[name]))
+            elif name not in {n for n, _, _ in outputs}:
+                return None
+        return cls(concat.output, column, tuple(columns), tuple(tuple(b) for b in blocks))  # type: ignore[misc]
+
+    def fill(self, arena: np.ndarray, values: np.ndarray, data: bytes, batch: int) -> np.ndarray:
+        out = np.empty((batch, self.width), dtype=np.float32)
+        for start, stop, read in self.columns:
+            out[:, start:stop] = read(values, data)
+        for column, offset, count, dim in self.blocks:
+            out[:, column:column + count * dim].reshape(batch, count, dim)[...] = (
+                arena[offset:offset + count * batch * dim].reshape(count, batch, dim).transpose(1, 0, 2)
+            )
+        return out
+
+
 class RequestRoute:
-    __slots__ = ("_bound", "_dense", "_layout", "_plan", "_strings", "batch_size", "output_keys", "output_names")
+    __slots__ = ("_bound", "_dense", "_folded", "_layout", "_plan", "_strings", "batch_size", "output_keys",
+                 "output_names")
 
     def __init__(
         self,
@@ -42,6 +102,7 @@ class RequestRoute:
         strings: tuple[tuple[int, int, _Reader], ...],
         outputs: Sequence[tuple[str, str]],
         batch_size: int,
+        folded: _FoldedFeed | None = None,
     ) -> None:
         self._plan = plan
         self._layout = layout          # the plan's packed layout of the bindings' ids
@@ -51,6 +112,7 @@ class RequestRoute:
         self.output_keys = tuple(key for key, _ in outputs)
         self.output_names = [name for _, name in outputs]
         self.batch_size = batch_size
+        self._folded = folded          # set: the Concat input is filled here, see _FoldedFeed
 
     @classmethod
     def build(
@@ -62,6 +124,7 @@ class RequestRoute:
         parsed: ParsedRequest,
         arrays: Mapping[str, np.ndarray],
         outputs: Sequence[tuple[str, str]],
+        concat: InputConcat | None = None,
     ) -> RequestRoute | None:
         """The route of `parsed`'s layout, given the arrays `sig.resolve_inputs` made of it
         (so the layout is known valid); None when the layout cannot be served in place."""
@@ -83,10 +146,45 @@ class RequestRoute:
                 return None
             readers.append((graph_input, read, arr.dtype if raw.dtype != arr.dtype else None))
         batch = next((a.shape[0] for a in arrays.values() if a.ndim), 1)
+        layout = plan.packed(spans)
+        folded = None
+        if concat is not None and bound:
+            by_input = {graph_input: (arrays[alias], read) for (alias, graph_input), (_, read, _) in zip(dense, readers)}
+            folded = cls._fold(concat, sig, bound, arrays, by_input, batch)
+        if folded is not None:
+            readers = [r for r in readers if r[0] not in concat.parts]  # type: ignore[union-attr]
         return cls(
-            plan, plan.packed(spans), tuple(g for _, g, _ in bound), tuple(readers), tuple(strings),
-            [(key, sig.outputs[alias].name) for key, alias in outputs], batch,
+            plan, layout, tuple(g for _, g, _ in bound), tuple(readers), tuple(strings),
+            [(key, sig.outputs[alias].name) for key, alias in outputs], batch, folded,
         )
+
+    @staticmethod
+    def _fold(concat: InputConcat, sig: Signature, bound: Sequence[tuple[str, str, bool]],
+              arrays: Mapping[str, np.ndarray], dense: Mapping[str, tuple[np.ndarray, _Reader]],
+              batch: int) -> _FoldedFeed | None:
+        """`dense`: graph input -> (its request array, its reader)."""
+        outputs, widths, offset = [], {}, 0
+        for alias, graph_input, _ in bound:
+            binding = sig.inputs[alias].binding
+            assert binding is not None
+            ids = arrays[alias]
+            shape = (*ids.shape, binding.dim) if binding.combiner == "none" else (ids.shape[0], binding.dim)
+            if shape != (batch, binding.dim):
+                return None
+            outputs.append((graph_input, offset, binding.dim))
+            widths[graph_input] = binding.dim
+            offset += batch * binding.dim
+        readers = {}
+        for name in concat.parts:
+            if name in dense:
+                array, read = dense[name]
+                if array.ndim != 2 or array.shape[0] != batch:
+                    return None
+                widths[name] = array.shape[1]
+                readers[name] = read
+            elif name not in widths:
+                return None
+        return _FoldedFeed.build(concat, batch, widths, readers, outputs)
 
     def feeds(self, parsed: ParsedRequest) -> dict[str, np.ndarray]:
         """The graph's inputs for a request of this route's layout. Consumes `parsed`: string
@@ -98,5 +196,9 @@ class RequestRoute:
             name: read(values, data) if cast is None else read(values, data).astype(cast)
             for name, read, cast in self._dense
         }
-        feeds.update(zip(self._bound, self._plan.run_packed(values, self._layout)))
+        if self._folded is None:
+            feeds.update(zip(self._bound, self._plan.run_packed(values, self._layout)))
+        else:
+            arena = self._plan.run_packed_flat(values, self._layout)
+            feeds[self._folded.name] = self._folded.fill(arena, values, data, self.batch_size)
         return feeds

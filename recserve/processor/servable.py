@@ -67,6 +67,27 @@ def placed_tables(placed: PlacedModel, checkpoint: Checkpoint) -> dict[str, Embe
     return tables
 
 
+def placed_bindings(placed: PlacedModel) -> tuple[EmbeddingBinding, ...] | None:
+    """The placed model's lookups as model.json bindings (combiner "none", unknown ids get
+    zeros, as the placed path gives them), when each one reads an integer request input of
+    rank 1 or 2 that nothing else reads; None otherwise (ids computed by the ids graph, one
+    id input feeding two tables or the dense graph too), and the placed path serves it."""
+    types = {name: (dtype, shape) for name, dtype, shape in placed.request_input_types}
+    readers: dict[str, int] = {}
+    for lookup in placed.lookups:
+        readers[lookup.ids] = readers.get(lookup.ids, 0) + 1
+    shared = set(placed.dense_request_inputs) | set(placed.ids_inputs)
+    bindings = []
+    for lookup in placed.lookups:
+        dtype, shape = types.get(lookup.ids, (None, ()))
+        if (dtype is None or dtype.kind not in "iu" or len(shape) not in (1, 2)
+                or readers[lookup.ids] != 1 or lookup.ids in shared):
+            return None
+        dim = int(placed.tables[lookup.table].shape[1])
+        bindings.append(EmbeddingBinding(input=lookup.ids, table=lookup.table, dim=dim, graph_input=lookup.graph_input))
+    return tuple(bindings)
+
+
 @dataclass
 class Servable:
     version: str
@@ -135,8 +156,15 @@ class Servable:
         else:
             tables = placed_tables(placed, checkpoint)
             sessions = SessionGroup(placed.dense_model_path, config, dense_overrides=checkpoint.dense)
-            request_inputs = [GraphTensor(n, np.dtype(t), shape) for n, t, shape in placed.request_input_types]
-            signatures = build_signatures(ModelSpec(), request_inputs, sessions.outputs)
+            bindings = placed_bindings(placed)
+            if bindings is not None:
+                # Every Gather reads a request input as it is: the model is a model.json model
+                # in all but name, so it takes the same request routes (one lookup plan).
+                signatures = build_signatures(ModelSpec(embeddings=bindings), sessions.inputs, sessions.outputs)
+                placed = None
+            else:
+                request_inputs = [GraphTensor(n, np.dtype(t), shape) for n, t, shape in placed.request_input_types]
+                signatures = build_signatures(ModelSpec(), request_inputs, sessions.outputs)
         default_signature = config.signature_name or ""
         default = default_signature or DEFAULT_SIGNATURE
         if default not in signatures:
@@ -207,7 +235,7 @@ class Servable:
         arrays = sig.resolve_inputs(parsed.inputs())
         chosen = sig.resolve_outputs(recipe.output_filter)
         dense, bound, plan = self.plans[sig.name]
-        route = RequestRoute.build(sig, plan, dense, bound, parsed, arrays, chosen)
+        route = RequestRoute.build(sig, plan, dense, bound, parsed, arrays, chosen, self.sessions.concat)
         if route is not None:
             if len(self.routes) >= self._MAX_ROUTES:
                 self.routes.clear()

@@ -29,6 +29,7 @@ from recserve.processor.signature import GraphTensor
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.cpus import check_cpusets, pin_calling_thread
 from recserve.runtime.cuda_streams import CudaStreams
+from recserve.runtime.input_concat import InputConcat, fold_input_concat
 from recserve.runtime.providers import DeviceSettings, check_providers, provider_list
 from recserve.runtime.session_options import ThreadSettings, build_session_options
 from recserve.runtime.session_policy import SessionPolicy
@@ -83,14 +84,35 @@ def prepacks(config: ProcessorConfig, shared_bytes: int) -> bool:
     return bool(config.prepack_weights)
 
 
-def _input_shapes(model_path: str) -> list[tuple[str, tuple[int | None, ...]]]:
-    graph = onnx.load(model_path, load_external_data=False).graph
+def _input_shapes(model: onnx.ModelProto) -> list[tuple[str, tuple[int | None, ...]]]:
+    graph = model.graph
     initializers = {t.name for t in graph.initializer}
     return [
         (i.name, tuple(d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim))
         for i in graph.input
         if i.name not in initializers
     ]
+
+
+def _graph_tensor(value: onnx.ValueInfoProto) -> GraphTensor:
+    elem_type = value.type.tensor_type.elem_type
+    dtype = np.dtype(object) if elem_type == onnx.TensorProto.STRING else onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim)
+    return GraphTensor(value.name, np.dtype(dtype), dims)
+
+
+def _with_inputs_folded(model_path: str) -> tuple[onnx.ModelProto, InputConcat | None, list[onnx.ValueInfoProto]]:
+    """The graph the sessions load (a Concat of inputs folded out of it where one is, see
+    recserve.runtime.input_concat), and the graph inputs as written, which requests feed."""
+    try:
+        model = onnx.load(model_path, load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, OSError, ValueError...
+        raise ModelLoadError(f"cannot read ONNX model {model_path}: {exc}") from exc
+    written = list(model.graph.input)
+    # A model with external data loads by path (ONNX Runtime finds the data beside it).
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return model, None, written
+    return model, fold_input_concat(model), written
 
 
 def _check_batchable(tensors: Sequence[GraphTensor], what: str) -> None:
@@ -147,8 +169,10 @@ class SessionGroup:
         self._pinned: dict[int, int] = {}
         self._pin_lock = threading.Lock()
         self._batcher: DynamicBatcher | None = None
-        shapes = _input_shapes(model_path)
-        self._model_path = model_path
+        graph, self.concat, written_inputs = _with_inputs_folded(model_path)
+        self._source: str | bytes = model_path if self.concat is None else graph.SerializeToString()
+        shapes = _input_shapes(graph)
+        del graph
         self._profile_settings: tuple[ThreadSettings, bool, list[Any]] | None = None
         try:
             for index in range(count):
@@ -160,7 +184,7 @@ class SessionGroup:
                 options = build_session_options(threads, prepacking=self.prepacking)
                 self._shared.add_to(options)
                 try:
-                    session = ort.InferenceSession(model_path, options, providers=providers)
+                    session = ort.InferenceSession(self._source, options, providers=providers)
                 except Exception as exc:  # onnxruntime raises its own exception types
                     raise ModelLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
                 check_providers(
@@ -172,7 +196,13 @@ class SessionGroup:
                 if self._profile_settings is None:
                     self._profile_settings = (threads, self.prepacking, providers)
             first = self._sessions[0]
-            self.inputs = [GraphTensor.from_ort(a) for a in first.get_inputs()]
+            by_name = {a.name: a for a in first.get_inputs()}
+            # What requests feed: the graph's inputs as written, whatever the sessions fold.
+            self.inputs = [
+                GraphTensor.from_ort(by_name[v.name]) if v.name in by_name else _graph_tensor(v)
+                for v in written_inputs
+                if v.name in by_name or (self.concat is not None and v.name in self.concat.parts)
+            ]
             self.outputs = [GraphTensor.from_ort(a) for a in first.get_outputs()]
             if config.max_batch_size > 0:
                 _check_batchable(self.inputs, "input")
@@ -236,9 +266,19 @@ class SessionGroup:
                 self._pinned.clear()
             self._pinned[ident] = index
 
+    def _feed(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = feeds if type(feeds) is dict else dict(feeds)
+        # Route feeds come folded already (request_route); other paths' are folded here.
+        if self.concat is not None and self.concat.output not in feed:
+            try:
+                return self.concat.fold(feed)
+            except ValueError as exc:  # the parts' batch sizes differ
+                raise RequestError(f"the model rejected the inputs: {exc}") from exc
+        return feed
+
     def _run_on(self, index: int, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         names = output_names if type(output_names) is list else list(output_names)
-        feed = feeds if type(feeds) is dict else dict(feeds)
+        feed = self._feed(feeds)
         try:
             try:
                 # The pybind session's run: InferenceSession.run is this call after checks the
@@ -265,8 +305,8 @@ class SessionGroup:
         options.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"recserve-ort-{os.getpid()}")
         self._shared.add_to(options)
         try:
-            profiled = ort.InferenceSession(self._model_path, options, providers=providers)
-            outputs = profiled.run(list(output_names), dict(feeds))
+            profiled = ort.InferenceSession(self._source, options, providers=providers)
+            outputs = profiled.run(list(output_names), self._feed(feeds))
         except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
             raise RequestError(f"the model rejected the inputs: {exc}") from exc
         except Exception as exc:
