@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from recserve.processor.processor import Processor
 from recserve.server.dispatch import Dispatcher
 from recserve.server.errors import UnknownModelError
+from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelEntry, ModelRegistry
 from recserve.server.settings import ServerSettings
@@ -23,7 +24,8 @@ class ServerContext:
     dispatcher: Dispatcher
     metrics: ServerMetrics
     settings: ServerSettings
-    workers: ThreadPoolExecutor  # HTTP predictions run here, off the event loop
+    workers: ThreadPoolExecutor  # HTTP predictions `inline` does not keep on the event loop run here
+    inline: InlinePolicy
 
 
 def check_version(entry: ModelEntry, processor: Processor, version: str | None) -> None:

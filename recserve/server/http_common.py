@@ -4,6 +4,7 @@ thread, admin auth."""
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from collections.abc import Callable
 
@@ -80,7 +81,23 @@ async def request_body(
         raise
 
 
-async def dispatch(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler) -> Outcome:
-    """`handler` on a worker thread through the dispatcher; (status, result or message)."""
-    # asyncio's executor hop costs less CPU per request than anyio's to_thread.
-    return await asyncio.get_running_loop().run_in_executor(ctx.workers, ctx.dispatcher.call, route, find, handler)
+async def dispatch(
+    ctx: ServerContext, route: str, model: str, body_bytes: int, find: Callable[[], ModelEntry], handler: Handler
+) -> Outcome:
+    """`handler` through the dispatcher, on the loop or a worker thread as `ctx.inline`
+    decides for `model` (the name the URL gives); (status, result or message)."""
+    if ctx.inline.inline(model, body_bytes):
+        outcome, seconds = _timed_call(ctx, route, find, handler)
+    else:
+        # asyncio's executor hop costs less CPU per request than anyio's to_thread.
+        outcome, seconds = await asyncio.get_running_loop().run_in_executor(
+            ctx.workers, _timed_call, ctx, route, find, handler)
+    ctx.inline.record(model, seconds)
+    return outcome
+
+
+def _timed_call(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler) -> tuple[Outcome, float]:
+    # The prediction's own time: time spent queued for a worker must not make a model look slow.
+    started = time.perf_counter()
+    outcome = ctx.dispatcher.call(route, find, handler)
+    return outcome, time.perf_counter() - started

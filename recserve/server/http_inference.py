@@ -53,7 +53,8 @@ def inference_router(ctx: ServerContext) -> APIRouter:
 
     async def tf_predict(request: Request, name: str, version: str | None) -> Response:
         body = await request_body(ctx, request, "tfserving", name)
-        status, result = await dispatch(ctx, "tfserving", lambda: models.get(name), _tfserving_handler(body, version))
+        status, result = await dispatch(
+            ctx, "tfserving", name, len(body), lambda: models.get(name), _tfserving_handler(body, version))
         if status != 200:
             return error_response(status, result)
         return Response(result, media_type="application/json")

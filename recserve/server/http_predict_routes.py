@@ -105,7 +105,7 @@ class PredictRoutes:
         models = self._ctx.models
         body = await request_body(self._ctx, request, "eas", model or service)
         find = (lambda: models.get(model)) if model is not None else (lambda: models.for_service(service))
-        status, result = await dispatch(self._ctx, "eas", find, _eas_handler(body))
+        status, result = await dispatch(self._ctx, "eas", model or service, len(body), find, _eas_handler(body))
         if status != 200:
             return error_response(status, result)
         return Response(result, media_type="application/json" if not body else PROTOBUF)
@@ -116,7 +116,8 @@ class PredictRoutes:
         if header is not None and not header.isdigit():
             raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header!r}")
         handler = _kserve_handler(body, int(header) if header is not None else None, version)
-        status, result = await dispatch(self._ctx, "kserve", lambda: self._ctx.models.get(name), handler)
+        status, result = await dispatch(
+            self._ctx, "kserve", name, len(body), lambda: self._ctx.models.get(name), handler)
         if status != 200:
             return error_response(status, result)
         payload, json_length = result

@@ -30,6 +30,7 @@ from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
 from recserve.server.grpc_services import build_grpc_server
 from recserve.server.http_app import build_app
+from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelRegistry
 from recserve.server.settings import ServerSettings
@@ -79,8 +80,9 @@ def serve(config_path: str, *, host: str = "127.0.0.1", http_port: int = 8080, g
     models = ModelRegistry(configs)
     metrics = ServerMetrics(models)
     workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="recserve-http")
+    inline = InlinePolicy(settings.inline_max_bytes, settings.inline_max_ms / 1000)
     ctx = ServerContext(models=models, dispatcher=Dispatcher(models, metrics), metrics=metrics,
-                        settings=settings, workers=workers)
+                        settings=settings, workers=workers, inline=inline)
 
     http_socket = _listen(host, http_port)
     try:
