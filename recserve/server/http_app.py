@@ -13,6 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from recserve import __version__
 from recserve.errors import RecserveError
@@ -46,6 +48,12 @@ def build_app(ctx: ServerContext) -> PredictRoutes:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(400, str(exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        ctx.metrics.client_disconnects.labels("other").inc()
+        log.debug("%s %s: the client went away before the answer", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it: the connection is gone
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -96,6 +96,11 @@ class PredictRoutes:
                 response = await (self._eas(request, *names) if kind == "eas" else self._kserve(request, *names))
             except RecserveError as exc:
                 response = error_response(exc.status, exc.message)
+            except ClientDisconnect:
+                # Routine for clients with timeouts of their own: counted, never a traceback.
+                self._ctx.metrics.client_disconnects.labels(kind).inc()
+                log.debug("POST %s: the client went away before the answer", scope["path"])
+                return
             except Exception as exc:  # a bug here must answer 500 and keep serving
                 log.exception("POST %s failed", scope["path"])
                 response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")

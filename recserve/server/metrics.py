@@ -46,6 +46,14 @@ class ServerMetrics:
                                buckets=_BATCH_BUCKETS, registry=self.registry)
         self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
                                  ["model", "result"], registry=self.registry)
+        self.http_timeouts = Counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "
+                                     "or body did not arrive in time, by phase.", ["phase"], registry=self.registry)
+        self.connections_refused = Counter("recserve_http_connections_refused",
+                                           "HTTP connections closed at once: the server had its maximum open.",
+                                           registry=self.registry)
+        self.client_disconnects = Counter("recserve_client_disconnects",
+                                          "Requests whose client went away before the answer.", ["route"],
+                                          registry=self.registry)
         self.registry.register(ModelCollector(models))
         self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
 

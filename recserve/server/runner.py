@@ -30,6 +30,7 @@ from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
 from recserve.server.grpc_services import build_grpc_server
 from recserve.server.http_app import build_app
+from recserve.server.http_protocol import ConnectionLimits, guarded_protocol
 from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelRegistry
@@ -90,9 +91,11 @@ def serve(config_path: str, *, host: str = "127.0.0.1", http_port: int = 8080, g
     except RuntimeError as exc:
         http_socket.close()
         raise RecserveError(f"cannot listen for gRPC on {host}:{grpc_port}: {exc}") from exc
+    limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
     http_server = _Uvicorn(uvicorn.Config(
         build_app(ctx), log_level="warning", access_log=False, lifespan="off",
-        timeout_graceful_shutdown=int(GRACE_SECONDS),
+        timeout_graceful_shutdown=int(GRACE_SECONDS), timeout_keep_alive=settings.keepalive_s,  # type: ignore[arg-type]
+        http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused),
     ))
     models.start()
     grpc_server.start()

@@ -4,7 +4,9 @@ run on the event loop (`recserve.server.inline_policy`).
 Read from the environment (``RECSERVE_MAX_REQUEST_BYTES``, ``RECSERVE_ADMIN_TOKEN``),
 which wins over the config's ``max_request_bytes`` / ``admin_token`` fields when those
 exist in the processor config (the largest limit and the first token among the models);
-``RECSERVE_INLINE_MAX_BYTES`` and ``RECSERVE_INLINE_MAX_MS`` (0 turns inline runs off).
+``RECSERVE_INLINE_MAX_BYTES`` and ``RECSERVE_INLINE_MAX_MS`` (0 turns inline runs off);
+the HTTP connection limits (`recserve.server.http_protocol`): ``RECSERVE_HTTP_HEADER_TIMEOUT_S``,
+``RECSERVE_HTTP_BODY_TIMEOUT_S``, ``RECSERVE_HTTP_KEEPALIVE_S``, ``RECSERVE_HTTP_MAX_CONNECTIONS``.
 Immutable, thread-safe.
 """
 
@@ -25,6 +27,10 @@ DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 # ~19 KB and runs ~0.3 ms; predictions up to ~1 ms cost the loop less than the hop.
 DEFAULT_INLINE_MAX_BYTES = 64 << 10
 DEFAULT_INLINE_MAX_MS = 1.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_KEEPALIVE_S = 15.0
+DEFAULT_MAX_CONNECTIONS = 4096
 
 
 @dataclass(frozen=True, repr=False)
@@ -33,11 +39,17 @@ class ServerSettings:
     admin_token: str | None = None   # None: admin routes are open
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
     inline_max_ms: float = DEFAULT_INLINE_MAX_MS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keepalive_s: float = DEFAULT_KEEPALIVE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __repr__(self) -> str:
         token = "***" if self.admin_token else None
         return (f"ServerSettings(max_request_bytes={self.max_request_bytes}, admin_token={token}, "
-                f"inline_max_bytes={self.inline_max_bytes}, inline_max_ms={self.inline_max_ms})")
+                f"inline_max_bytes={self.inline_max_bytes}, inline_max_ms={self.inline_max_ms}, "
+                f"header_timeout_s={self.header_timeout_s}, body_timeout_s={self.body_timeout_s}, "
+                f"keepalive_s={self.keepalive_s}, max_connections={self.max_connections})")
 
     def admin_allowed(self, authorization: str | None) -> bool:
         """Whether an ``Authorization`` header value carries the admin bearer token."""
@@ -73,10 +85,17 @@ class ServerSettings:
             max_request_bytes=limit, admin_token=token,
             inline_max_bytes=int(_env_number(env, "RECSERVE_INLINE_MAX_BYTES", DEFAULT_INLINE_MAX_BYTES, "bytes")),
             inline_max_ms=_env_number(env, "RECSERVE_INLINE_MAX_MS", DEFAULT_INLINE_MAX_MS, "milliseconds"),
+            header_timeout_s=_env_number(env, "RECSERVE_HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S, "seconds",
+                                         positive=True),
+            body_timeout_s=_env_number(env, "RECSERVE_HTTP_BODY_TIMEOUT_S", DEFAULT_BODY_TIMEOUT_S, "seconds",
+                                       positive=True),
+            keepalive_s=_env_number(env, "RECSERVE_HTTP_KEEPALIVE_S", DEFAULT_KEEPALIVE_S, "seconds", positive=True),
+            max_connections=int(_env_number(env, "RECSERVE_HTTP_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS,
+                                            "open connections", positive=True)),
         )
 
 
-def _env_number(env: Mapping[str, str], name: str, default: float, unit: str) -> float:
+def _env_number(env: Mapping[str, str], name: str, default: float, unit: str, *, positive: bool = False) -> float:
     raw = env.get(name)
     if raw is None:
         return default
@@ -84,6 +103,7 @@ def _env_number(env: Mapping[str, str], name: str, default: float, unit: str) ->
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{name} must be a number >= 0 ({unit}; 0 turns inline runs off), got {raw!r}")
+    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigError(f"{name} must be a number {bound} ({unit}), got {raw!r}")
     return value
