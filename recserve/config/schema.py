@@ -343,6 +343,19 @@ class ProcessorConfig:
         "beyond); with several models the largest value applies; env RECSERVE_MAX_REQUEST_BYTES wins.",
         origin="recserve",
     )
+    max_queued_requests: int = _field(
+        128, kinds.integer(1), "honoured",
+        "Server: requests for this model that may wait for their turn; one more is answered at once, "
+        "undecoded: HTTP 503 with Retry-After, gRPC RESOURCE_EXHAUSTED (admission control).",
+        origin="recserve",
+    )
+    max_queue_ms: float = _field(
+        100.0, kinds.number(above=0), "honoured",
+        "Server: a request that waited longer than this for its turn is answered 503 / "
+        "RESOURCE_EXHAUSTED instead of being run (so a client can try another replica while its "
+        "own timeout still allows).",
+        origin="recserve",
+    )
     admin_token: Secret | None = _field(  # noqa: RUF009 - _field returns a dataclasses.field
         None, kinds.secret(), "honoured",
         "Server: bearer token the admin routes (load/pin a version) require; unset = admin "

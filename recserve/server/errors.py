@@ -38,6 +38,7 @@ GRPC_CODES = {
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 

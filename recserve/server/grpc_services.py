@@ -42,6 +42,13 @@ def _abort(context: grpc.ServicerContext, status: int, message: Any) -> NoReturn
     raise AssertionError("grpc.ServicerContext.abort returned")  # it always raises
 
 
+def _check_deadline(context: grpc.ServicerContext) -> None:
+    """A call whose deadline passed while it waited for its turn is dropped, not run."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise RecserveError("the call's deadline passed before its turn came; it was not run", status=504)
+
+
 def _metadata_model(context: grpc.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata():
         if key == MODEL_METADATA_KEY:
@@ -68,6 +75,7 @@ class EasPredictionService:
 
     def predict(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+            _check_deadline(context)
             if not request:  # an empty PredictRequest: process() would answer the signature JSON
                 raise RequestError("PredictRequest has no inputs; the signature is: "
                                    + json.dumps(processor.signature_info()))
@@ -145,6 +153,7 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: v2.ModelInferRequest, context: grpc.ServicerContext) -> v2.ModelInferResponse:
         def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+            _check_deadline(context)
             check_version(entry, processor, request.model_version)
             with trace.span("decode"):
                 call = kserve.decode_grpc_request(request)
@@ -206,11 +215,19 @@ class HealthService(health_pb2_grpc.HealthServicer):
             self._ctx.models.wait_draining(self.WATCH_POLL_SECONDS)
 
 
+# Health Watch streams are long-lived calls: room for them beyond the predictions'.
+WATCH_HEADROOM = 64
+
+
 def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int) -> grpc.Server:
     """A started-later gRPC server bound to host:port (RuntimeError if the port is taken)."""
     limit = ctx.settings.max_request_bytes
+    # Admission for gRPC: calls beyond the workers plus every model's max_queued_requests
+    # are refused by grpc itself with RESOURCE_EXHAUSTED, before being read.
+    queued = sum(entry.config.max_queued_requests for entry in ctx.models.entries.values())
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recserve-grpc"),
+        maximum_concurrent_rpcs=workers + queued + WATCH_HEADROOM,
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", -1),

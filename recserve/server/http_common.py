@@ -14,20 +14,34 @@ from fastapi.responses import JSONResponse
 from recserve.errors import RecserveError, RequestError
 from recserve.processor.processor import Processor
 from recserve.processor.trace import RequestTrace
+from recserve.server.admission import AdmittedHandler, OverloadedError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import UNKNOWN_MODEL, Outcome
 from recserve.server.errors import AdminAuthError, RequestTooLargeError
+from recserve.server.http_protocol import RECEIVED_KEY
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PROTOBUF", "Handler", "dispatch", "error_response", "read_body", "request_body", "require_admin"]
+__all__ = [
+    "PROTOBUF",
+    "TIMEOUT_HEADER",
+    "Handler",
+    "dispatch",
+    "error_response",
+    "read_body",
+    "received_at",
+    "request_body",
+    "request_deadline",
+    "require_admin",
+]
 
 PROTOBUF = "application/octet-stream"
+TIMEOUT_HEADER = "x-request-timeout-ms"
 
 Handler = Callable[[ModelEntry, Processor, RequestTrace], Outcome]
 
 
 def error_response(status: int, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"} if status == 503 else None
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
@@ -82,18 +96,61 @@ async def request_body(
 
 
 async def dispatch(
-    ctx: ServerContext, route: str, model: str, body_bytes: int, find: Callable[[], ModelEntry], handler: Handler
+    ctx: ServerContext, route: str, model: str, body_bytes: int, find: Callable[[], ModelEntry], handler: Handler,
+    deadline: float | None = None, arrived: float | None = None,
 ) -> Outcome:
     """`handler` through the dispatcher, on the loop or a worker thread as `ctx.inline`
-    decides for `model` (the name the URL gives); (status, result or message)."""
-    if ctx.inline.inline(model, body_bytes):
-        outcome, seconds = _timed_call(ctx, route, find, handler)
-    else:
-        # asyncio's executor hop costs less CPU per request than anyio's to_thread.
-        outcome, seconds = await asyncio.get_running_loop().run_in_executor(
-            ctx.workers, _timed_call, ctx, route, find, handler)
+    decides for `model` (the name the URL gives), after its turn in the model's admission
+    (`deadline`: the client's; `arrived`: when the request's headers were read; both on the
+    time.monotonic() clock); (status, result or message)."""
+    try:
+        entry = find()
+    except RecserveError:
+        entry = None  # the dispatcher answers it, and counts it
+    admitted = None
+    if entry is not None:
+        try:
+            arrived = entry.admission.arrive(arrived)
+        except OverloadedError as exc:
+            ctx.metrics.observe(entry.name, route, exc.status, 0.0, RequestTrace())
+            return exc.status, exc.message
+        admitted = AdmittedHandler(handler, entry.admission, arrived, deadline)
+        handler = admitted
+    try:
+        if ctx.inline.inline(model, body_bytes):
+            outcome, seconds = _timed_call(ctx, route, find, handler)
+        else:
+            # asyncio's executor hop costs less CPU per request than anyio's to_thread.
+            outcome, seconds = await asyncio.get_running_loop().run_in_executor(
+                ctx.workers, _timed_call, ctx, route, find, handler)
+    finally:
+        if admitted is not None:
+            admitted.settle()
     ctx.inline.record(model, seconds)
     return outcome
+
+
+def received_at(request: Request) -> float:
+    """When the request was whole (time.monotonic() clock): stamped by the HTTP protocol
+    (recserve.server.http_protocol) as its last byte arrived, so time the request then spent
+    behind others on the event loop counts as waiting; now, when no stamp is there."""
+    stamp = request.scope.get(RECEIVED_KEY)
+    return time.monotonic() if stamp is None else float(stamp)
+
+
+def request_deadline(request: Request, arrived: float) -> float | None:
+    """The client's deadline from `X-Request-Timeout-Ms`, counted from `arrived`
+    (time.monotonic() clock), if sent."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms < float("inf"):
+        raise RequestError(f"X-Request-Timeout-Ms must be a number of milliseconds >= 0, got {raw!r}")
+    return arrived + ms / 1000
 
 
 def _timed_call(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler) -> tuple[Outcome, float]:

@@ -25,7 +25,15 @@ from recserve.processor.trace import RequestTrace
 from recserve.server import kserve
 from recserve.server.context import ServerContext, check_version
 from recserve.server.dispatch import Outcome
-from recserve.server.http_common import PROTOBUF, Handler, dispatch, error_response, request_body
+from recserve.server.http_common import (
+    PROTOBUF,
+    Handler,
+    dispatch,
+    error_response,
+    received_at,
+    request_body,
+    request_deadline,
+)
 from recserve.server.registry import ModelEntry
 
 __all__ = ["PredictRoutes", "match"]
@@ -109,20 +117,25 @@ class PredictRoutes:
     async def _eas(self, request: Request, service: str, model: str | None = None) -> Response:
         models = self._ctx.models
         body = await request_body(self._ctx, request, "eas", model or service)
+        arrived = received_at(request)
+        deadline = request_deadline(request, arrived)
         find = (lambda: models.get(model)) if model is not None else (lambda: models.for_service(service))
-        status, result = await dispatch(self._ctx, "eas", model or service, len(body), find, _eas_handler(body))
+        status, result = await dispatch(self._ctx, "eas", model or service, len(body), find, _eas_handler(body),
+                                        deadline, arrived)
         if status != 200:
             return error_response(status, result)
         return Response(result, media_type="application/json" if not body else PROTOBUF)
 
     async def _kserve(self, request: Request, name: str, version: str | None = None) -> Response:
         body = await request_body(self._ctx, request, "kserve", name, decompress=True)
+        arrived = received_at(request)
+        deadline = request_deadline(request, arrived)
         header = request.headers.get(kserve.HEADER_LENGTH)
         if header is not None and not header.isdigit():
             raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header!r}")
         handler = _kserve_handler(body, int(header) if header is not None else None, version)
         status, result = await dispatch(
-            self._ctx, "kserve", name, len(body), lambda: self._ctx.models.get(name), handler)
+            self._ctx, "kserve", name, len(body), lambda: self._ctx.models.get(name), handler, deadline, arrived)
         if status != 200:
             return error_response(status, result)
         payload, json_length = result

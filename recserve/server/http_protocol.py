@@ -16,11 +16,14 @@ Event-loop only, like uvicorn's protocol it extends.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+RECEIVED_KEY = "recserve.received"  # ASGI scope key: when the request's last byte arrived
 
 __all__ = ["ConnectionLimits", "guarded_protocol"]
 
@@ -63,6 +66,9 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
 
         def on_message_complete(self) -> None:
             self._disarm()
+            if self.cycle is not None:
+                # Admission counts a request's wait from here (http_common.received_at).
+                self.cycle.scope[RECEIVED_KEY] = time.monotonic()  # type: ignore[literal-required]
             super().on_message_complete()
 
         def _arm(self, seconds: float, counter: Any) -> None:

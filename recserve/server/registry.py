@@ -18,6 +18,7 @@ from recserve.config import ProcessorConfig
 from recserve.errors import ModelNotReadyError, RecserveError, RequestError
 from recserve.processor.manager import ServableManager
 from recserve.processor.processor import Processor
+from recserve.server.admission import Admission
 from recserve.server.errors import ConflictError, UnknownModelError
 from recserve.server.timeline import TimelineSelector
 from recserve.warmup import WarmupRecorder
@@ -42,6 +43,7 @@ class ModelEntry:
         self._manager: ServableManager[Processor] = ServableManager(name)
         self._swap_lock = threading.Lock()
         self._recorder: WarmupRecorder | None = None
+        self.admission = Admission(name, config.max_queued_requests, config.max_queue_ms / 1000)
 
     # -- recording a warmup file from live traffic (admin routes) ---------------------------
 

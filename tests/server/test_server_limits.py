@@ -18,7 +18,7 @@ FAST = {"RECSERVE_HTTP_HEADER_TIMEOUT_S": "1", "RECSERVE_HTTP_BODY_TIMEOUT_S": "
 
 def _metric(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics").text
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
 
 
 def _connect(port: int) -> socket.socket:
