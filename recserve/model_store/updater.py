@@ -32,6 +32,7 @@ from recserve.errors import (
 )
 from recserve.model_store.backoff import Backoff, Retry, Stopped, event_wait
 from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
+from recserve.model_store.memory_budget import MemoryBudgetError, check_fits
 from recserve.model_store.versions import VersionRef
 from recserve.model_store.watcher import Candidate, VersionWatcher
 
@@ -127,11 +128,15 @@ class ModelUpdater:
         clock: Callable[[], float] = time.monotonic,
         model_name: str = "default",
         load_tables: bool = True,
+        available_memory: Callable[[], int | None] | None = None,
     ) -> None:
         self.watcher = watcher
         # False: full versions reach `build` without their table rows (Checkpoint.with_tables
         # reads them on demand): tables served from Redis are read only by their importer.
         self._load_tables = load_tables
+        # Bytes the process may still use (memory_budget.available_memory); None: no check
+        # (tables that do not live in this process's memory: Redis, an SSD tier).
+        self._available_memory = available_memory
         self._manager = manager
         self._build = build
         self._warmup = warmup
@@ -190,6 +195,8 @@ class ModelUpdater:
                 return True
             except StorageError:
                 raise
+            except MemoryBudgetError as exc:
+                self.watcher.record_failure("memory", candidate.ref.path, exc)
             except ModelLoadError as exc:
                 self.watcher.record_failure("load", candidate.ref.path, exc)
         if serving is None:
@@ -231,6 +238,8 @@ class ModelUpdater:
         StorageError (then nothing changed)."""
         started = self._clock()
         ref = candidate.ref
+        if self._available_memory is not None:
+            check_fits(candidate.manifest, ref.name, self._available_memory())
         try:
             servable = self._build(
                 load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=self._load_tables)

@@ -50,6 +50,7 @@ class FailureCounts:
     corrupt: int = 0     # sizes or checksums differ, unreadable files
     wrong_base: int = 0  # a delta that does not fit the version it would update
     load: int = 0        # a verified version that failed to build or warm up
+    memory: int = 0      # a full version estimated not to fit in the memory left (not built)
     internal: int = 0    # a bug in recserve, caught so the updater keeps running
 
     def as_dict(self) -> dict[str, int]:

@@ -24,6 +24,7 @@ from recserve.model_store.backends import copy_to_local, storage_for
 from recserve.model_store.backoff import Backoff
 from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.manifest import Manifest
+from recserve.model_store.memory_budget import available_memory
 from recserve.model_store.model_dir import load_model_dir
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
@@ -99,6 +100,9 @@ class Processor:
             pinned=self.config.pinned_version,
             model_name=self.model_name,
             load_tables=not self.config.uses_redis,
+            # Tables in Redis or on an SSD tier do not build into this process's memory.
+            available_memory=available_memory if not self.config.uses_redis and self.config.ev_storage_type != 12
+            else None,
         )
         minutes = self.config.init_timeout_minutes
         self._updater.load_initial(None if minutes == -1 else minutes * 60.0)

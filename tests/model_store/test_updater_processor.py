@@ -30,7 +30,7 @@ def test_load_version_rolls_back_and_model_info_reports_the_update_state(tiny):
         assert (info["version"], info["global_step"], info["delta_step"], info["pinned_version"]) == ("2", 2, 3, None)
         assert (info["full_updates"], info["delta_updates"], info["last_error"]) == (1, 1, None)
         assert info["update_failures"] == {"storage": 0, "not_ready": 0, "corrupt": 0, "wrong_base": 0,
-                                           "load": 0, "internal": 0}
+                                           "load": 0, "memory": 0, "internal": 0}
         wire = decode_model_info(processor.model_info_bytes())
         assert (wire["model_version"], wire["global_step"], wire["delta_step"]) == ("2", 2, 3)
         assert wire["update_time"] == pytest.approx(time.time(), abs=60)
