@@ -19,6 +19,7 @@ from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint, bound_table_rows
+from recserve.model_store.load_threads import map_in_threads
 from recserve.model_store.model_dir import ModelDir
 from recserve.model_store.updater import apply_delta
 from recserve.processor.request_route import RequestRoute
@@ -40,13 +41,27 @@ def build_tables(
 ) -> dict[str, EmbeddingTable]:
     """One EmbeddingTable per bound table name, from the checkpoint's rows; on DRAM + SSD
     tiers (`ev_storage_type` 12) under ev_storage_path/<model>/<version>/<table>."""
-    return {
-        name: EmbeddingTable(
-            name, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions,
-            storage=tier_spec(config, model=model_name, version=checkpoint.ref.name, table=name),
-        )
-        for name, (b, data) in bound_table_rows(bindings, checkpoint).items()
-    }
+    def build(item: tuple[str, tuple[EmbeddingBinding, Any]]) -> EmbeddingTable | Exception:
+        name, (b, data) = item
+        try:
+            return EmbeddingTable(
+                name, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions,
+                storage=tier_spec(config, model=model_name, version=checkpoint.ref.name, table=name),
+            )
+        except Exception as exc:  # noqa: BLE001  (raised below, once every other table is closed)
+            return exc
+
+    rows = bound_table_rows(bindings, checkpoint)
+    # Tables build side by side: the copy into the engine's layout and the index build
+    # release the GIL (recserve.model_store.load_threads).
+    built = map_in_threads(build, rows.items())
+    tables = {name: t for name, t in zip(rows, built) if isinstance(t, EmbeddingTable)}
+    failed = next((t for t in built if isinstance(t, Exception)), None)
+    if failed is not None:
+        for table in tables.values():
+            table.close()
+        raise failed
+    return tables
 
 
 def placed_tables(placed: PlacedModel, checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
