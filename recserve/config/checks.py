@@ -74,6 +74,12 @@ def check_consistency(config: ProcessorConfig) -> None:
             "feature_store_type 'redis' needs redis_url (\"host:port\" or \"redis://host:port\")",
             field="redis_url",
         )
+    if config.redis_url is not None and "," in config.redis_url and not config.redis_cluster:
+        raise ConfigError(
+            "redis_url names several nodes, which only a Redis Cluster has; set redis_cluster true, "
+            "or give one node",
+            field="redis_url",
+        )
     if config.ev_storage_type == 12 and config.ev_storage_path is None:
         raise ConfigError(
             "ev_storage_type 12 (DRAM + SSD) needs ev_storage_path, the SSD tier's directory",

@@ -212,7 +212,8 @@ class ProcessorConfig:
     redis_url: str | None = _field(
         None, kinds.redis_url(), "honoured",
         "Redis server for feature_store_type redis: \"host:port\" (DeepRec's form, "
-        "normalized to redis://host:port), redis://… or rediss://… (TLS).",
+        "normalized to redis://host:port), redis://… or rediss://… (TLS); with redis_cluster, "
+        "several seed nodes, comma-separated (any one that answers gives the cluster's node map).",
     )
     redis_password: Secret | None = _field(  # noqa: RUF009 - _field returns a dataclasses.field
         None, kinds.secret(), "honoured",

@@ -348,40 +348,53 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}{tail}" if ":" in userinfo else url
 
 
+def redis_urls(value: str) -> list[str]:
+    """The node URLs of a normalized redis_url (several, comma-separated, for a cluster)."""
+    return value.split(",")
+
+
 def redis_url() -> Kind:
-    """DeepRec's "host:port", or a redis:// / rediss:// URL; normalized to a URL."""
+    """DeepRec's "host:port", or a redis:// / rediss:// URL, normalized to a URL; several
+    comma-separated (Redis Cluster seed nodes) normalize to comma-separated URLs."""
 
     def read(name: str, value: Any) -> str:
         if not isinstance(value, str):
             raise _wrong_type(name, "a string like \"host:6379\"", value)
-        url = value.strip()
-        shown = show(redact_url(url))
-        if "://" not in url:
-            host, colon, port = url.rpartition(":")
-            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(
-                    f"{name} must be \"host:port\", \"redis://host:port\" or \"rediss://host:port\", "
-                    f"got {shown}",
-                    field=name,
-                )
-            return f"redis://{host}:{port}"
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss"):
-            raise ConfigError(f"{name} must use redis:// or rediss://, got {shown}", field=name)
-        try:
-            port_ = parts.port
-        except ValueError:
-            port_ = -1
-        if not parts.hostname or (port_ is not None and not 0 < port_ < 65536):
-            raise ConfigError(f"{name} has no valid host:port: {shown}", field=name)
-        if parts.password is not None:
-            raise ConfigError(f"{name} must not carry a password ({shown}); put it in redis_password", field=name)
-        db = parts.path.strip("/")
-        if db and not db.isdigit():
-            raise ConfigError(f"{name} database must be a number like /0, got {shown}", field=name)
-        return url
+        if not value.strip():
+            raise ConfigError(f"{name} is empty; give \"host:port\" or \"redis://host:port\"", field=name)
+        return ",".join(_one_redis_url(name, part) for part in value.split(","))
 
-    return Kind("string", "\"host:port\", redis://host:port[/db], rediss://…", read)
+    return Kind("string", "\"host:port\", redis://host:port[/db], rediss://…; several comma-separated for a cluster",
+                read)
+
+
+def _one_redis_url(name: str, value: str) -> str:
+    url = value.strip()
+    shown = show(redact_url(url))
+    if "://" not in url:
+        host, colon, port = url.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"{name} must be \"host:port\", \"redis://host:port\" or \"rediss://host:port\", "
+                f"got {shown}",
+                field=name,
+            )
+        return f"redis://{host}:{port}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigError(f"{name} must use redis:// or rediss://, got {shown}", field=name)
+    try:
+        port_ = parts.port
+    except ValueError:
+        port_ = -1
+    if not parts.hostname or (port_ is not None and not 0 < port_ < 65536):
+        raise ConfigError(f"{name} has no valid host:port: {shown}", field=name)
+    if parts.password is not None:
+        raise ConfigError(f"{name} must not carry a password ({shown}); put it in redis_password", field=name)
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"{name} database must be a number like /0, got {shown}", field=name)
+    return url
 
 
 def endpoint_url() -> Kind:

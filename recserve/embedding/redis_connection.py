@@ -7,6 +7,12 @@ calls fail at once without touching the network; then the next call tries again 
 reconnect). Errors from redis-py become `StorageError` here and nowhere else; status 503,
 as the service is unavailable, not broken. Messages name the server by its URL, never the
 password.
+
+A Redis Cluster is reached through its node map, not through the node `redis_url` names:
+that node may be the master that died. redis-py's cluster client refreshes its map after a
+failure; every client made later (the stream follower's blocking one, one per version)
+starts from the nodes the map holds now, then the configured seeds (`redis_url` may list
+several, comma-separated).
 """
 
 from __future__ import annotations
@@ -15,12 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode
 from redis.retry import Retry
 
-from recserve.config.values import redact_url
+from recserve.config.values import redact_url, redis_urls
 from recserve.errors import StorageError
 from recserve.model_store.backoff import Backoff
 
@@ -42,6 +50,12 @@ _OUTAGES = (
 )
 
 
+# redis-py's cluster client can fail with AttributeError ("'NoneType' object has no attribute
+# 'redis_connection'") while another thread rebuilds its node map after a node died: for a
+# cluster that too means "not reachable now".
+_CLUSTER_OUTAGES = (*_OUTAGES, AttributeError)
+
+
 class RedisConnection:
     """A redis-py client (connection pool inside) with a shared circuit breaker.
 
@@ -58,8 +72,10 @@ class RedisConnection:
         backoff: Backoff = RECONNECT_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.url = redact_url(url)
+        self._seeds = redis_urls(url)
+        self.url = ",".join(redact_url(seed) for seed in self._seeds)
         self.cluster = cluster
+        self._outages = _CLUSTER_OUTAGES if cluster else _OUTAGES
         self.timeout = timeout
         self._backoff = backoff
         self._clock = clock
@@ -69,7 +85,7 @@ class RedisConnection:
             "socket_connect_timeout": timeout,
             "retry": Retry(NoBackoff(), 0),
         }
-        self._raw_url = url
+        self.client: Any = None
         self.client = self._new_client(timeout)
         self._lock = threading.Lock()
         self._failures = 0
@@ -78,9 +94,22 @@ class RedisConnection:
 
     def _new_client(self, socket_timeout: float) -> Any:
         options = dict(self._options, socket_timeout=socket_timeout)
-        if self.cluster:
-            return redis.RedisCluster.from_url(self._raw_url, **options)
-        return redis.Redis.from_url(self._raw_url, **options)
+        if not self.cluster:
+            return redis.Redis.from_url(self._seeds[0], **options)
+        seed = urlsplit(self._seeds[0])
+        try:
+            return redis.RedisCluster(startup_nodes=self._startup_nodes(), ssl=seed.scheme == "rediss",
+                                      username=seed.username, **options)
+        except (*_OUTAGES, redis.exceptions.RedisClusterException) as exc:
+            raise StorageError(f"no node of the Redis Cluster at {self.url} answers: {exc}", status=503) from exc
+        except redis.exceptions.RedisError as exc:
+            raise StorageError(f"Redis Cluster at {self.url}: {exc}") from exc
+
+    def _startup_nodes(self) -> list[ClusterNode]:
+        """The cluster's nodes as the current client knows them, then the configured seeds."""
+        known = [(n.host, int(n.port)) for n in self.client.get_nodes()] if self.client is not None else []
+        seeds = [(urlsplit(u).hostname or "localhost", urlsplit(u).port or 6379) for u in self._seeds]
+        return [ClusterNode(host, port) for host, port in dict.fromkeys(known + seeds)]
 
     def blocking_client(self, block_seconds: float) -> Any:
         """A separate client whose reads may block `block_seconds` (XREAD BLOCK) on top of
@@ -103,9 +132,22 @@ class RedisConnection:
                 f"retrying for another {self._retry_at - now:.2f} s; needed while {what}",
                 status=503,
             )
+        target = self.client if client is None else client
         try:
-            result = action(self.client if client is None else client)
-        except _OUTAGES as exc:
+            try:
+                result = action(target)
+            except self._outages:
+                if not self.cluster:
+                    raise
+                # redis-py refreshed its node map on that failure (a master died and its
+                # replica took over): the same call may now reach the new owner of the slot.
+                result = action(target)
+        except self._outages as exc:
+            if client is not None:
+                # A caller's own client (a blocking stream read) fails alone: the circuit is
+                # the lookups', and a stale blocking connection says nothing about them.
+                raise StorageError(f"Redis at {self.url} is unreachable ({type(exc).__name__}: {exc}) while {what}",
+                                   status=503) from exc
             with self._lock:
                 self._failures += 1
                 pause = self._backoff.compute(self._failures)

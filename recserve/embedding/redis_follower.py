@@ -102,11 +102,19 @@ class VersionFollower:
         if not self._follow:
             self._stop.wait(self._block_ms / 1000)
             return
-        replies = self._conn.call(
-            "reading the update stream",
-            lambda c: c.xread({self._space.updates: self._last_id}, count=256, block=self._block_ms),
-            client=self._blocking,
-        )
+        try:
+            replies = self._conn.call(
+                "reading the update stream",
+                lambda c: c.xread({self._space.updates: self._last_id}, count=256, block=self._block_ms),
+                client=self._blocking,
+            )
+        except RecserveError:
+            # A cluster's blocking client may keep the dead master's address; the next one
+            # starts from the node map the lookups' client has refreshed meanwhile.
+            if self._conn.cluster:
+                self._blocking.close()
+                self._blocking = self._conn.blocking_client(self._block_ms / 1000)
+            raise
         for _, entries in replies or ():
             for entry_id, fields in entries:
                 self._apply(fields)
