@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
@@ -137,9 +138,11 @@ def read_manifest(storage: Storage, version_dir: str) -> Manifest:
     return Manifest.from_json(doc, source=path)
 
 
-def verify(storage: Storage, version_dir: str, manifest: Manifest) -> None:
+def verify(storage: Storage, version_dir: str, manifest: Manifest,
+           progress: Callable[[int], None] | None = None) -> None:
     """Check every file listed in `manifest` against its size and sha256 (the checksums of
-    several files at once: recserve.model_store.load_threads)."""
+    several files at once: recserve.model_store.load_threads); `progress` is told the bytes
+    hashed as they are."""
     files = sorted(manifest.files.items())
     for name, entry in files:
         problem = check_relative_path(name)
@@ -158,7 +161,8 @@ def verify(storage: Storage, version_dir: str, manifest: Manifest) -> None:
             raise CorruptVersionError(
                 f"{path} has {size} bytes; {MANIFEST_NAME} lists {entry.size}"
             )
-    digests = map_in_threads(lambda item: sha256_of(storage, join(version_dir, item[0]), item[1].size), files)
+    digests = map_in_threads(
+        lambda item: sha256_of(storage, join(version_dir, item[0]), item[1].size, progress), files)
     for (name, entry), digest in zip(files, digests):
         if digest != entry.sha256:
             raise CorruptVersionError(
@@ -166,8 +170,11 @@ def verify(storage: Storage, version_dir: str, manifest: Manifest) -> None:
             )
 
 
-def sha256_of(storage: Storage, path: str, size: int) -> str:
+def sha256_of(storage: Storage, path: str, size: int, progress: Callable[[int], None] | None = None) -> str:
     h = hashlib.sha256()
     for start in range(0, size, HASH_CHUNK):
-        h.update(storage.read_range(path, start, min(HASH_CHUNK, size - start)))
+        length = min(HASH_CHUNK, size - start)
+        h.update(storage.read_range(path, start, length))
+        if progress is not None:
+            progress(length)
     return h.hexdigest()

@@ -236,6 +236,13 @@ class ModelUpdater:
     def _load_full(self, candidate: Candidate) -> None:
         """Build, update with deltas, warm up and swap in `candidate`; raises ModelLoadError or
         StorageError (then nothing changed)."""
+        try:
+            self._build_and_swap(candidate)
+        finally:
+            if self.watcher.progress is not None:
+                self.watcher.progress.end()
+
+    def _build_and_swap(self, candidate: Candidate) -> None:
         started = self._clock()
         ref = candidate.ref
         if self._available_memory is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from recserve.errors import ModelLoadError, StorageError, VersionNotReadyError
 from recserve.model_store.backoff import Backoff
+from recserve.model_store.load_progress import LoadProgress
 from recserve.model_store.manifest import Manifest, read_manifest, verify
 from recserve.model_store.snapshot import ManifestCache, TreeSnapshot
 from recserve.model_store.storage import Storage, join
@@ -97,7 +98,10 @@ class VersionWatcher:
         *,
         backoff: Backoff,
         clock: Callable[[], float] = time.monotonic,
+        progress: LoadProgress | None = None,
     ) -> None:
+        # Begun as a full version's checksums are verified; the updater ends it (load_progress).
+        self.progress = progress
         self.storage = storage
         self.checkpoint_dir = checkpoint_dir
         self.counts = FailureCounts()
@@ -142,13 +146,13 @@ class VersionWatcher:
         entry = self._quarantine.get(path)
         return entry is not None and self._clock() < entry.retry_at
 
-    def _check(self, ref: VersionRef) -> Candidate | None:
+    def _check(self, ref: VersionRef, *, full: bool = True) -> Candidate | None:
         """The verified candidate, or None (failure recorded) if it is not ready or corrupt."""
         if self._waiting(ref.path):
             return None
         try:
             manifest = read_manifest(self._view, ref.path)
-            verify(self._view, ref.path, manifest)
+            self._verify(self._view, ref, manifest, full=full)
         except StorageError:
             raise
         except VersionNotReadyError as exc:
@@ -159,6 +163,19 @@ class VersionWatcher:
             return None
         self._quarantine.pop(ref.path, None)
         return Candidate(ref, manifest)
+
+    def _verify(self, storage: Storage, ref: VersionRef, manifest: Manifest, *, full: bool) -> None:
+        progress = self.progress if full else None
+        if progress is None:
+            verify(storage, ref.path, manifest)
+            return
+        # Checksums, then the tables' build: each file's bytes count twice.
+        progress.begin(f"version {ref.name}", 2 * sum(e.size for e in manifest.files.values()))
+        try:
+            verify(storage, ref.path, manifest, progress.advance)
+        except BaseException:
+            progress.end()
+            raise
 
     # -- discovery -----------------------------------------------------------------------
 
@@ -183,9 +200,10 @@ class VersionWatcher:
         manifest = read_manifest(self.storage, path)
         if manifest.kind != "full":
             raise ModelLoadError(f"{path} is a {manifest.kind} version; only a full version can be loaded")
-        verify(self.storage, path, manifest)
+        ref = VersionRef(name, path, manifest.global_step)
+        self._verify(self.storage, ref, manifest, full=True)
         self._quarantine.pop(path, None)
-        return Candidate(VersionRef(name, path, manifest.global_step), manifest)
+        return Candidate(ref, manifest)
 
     def pinned(self, name: str, *, serving: VersionRef | None) -> Candidate | None:
         """The pinned version `name` when it is not the one serving and is complete."""
@@ -212,7 +230,7 @@ class VersionWatcher:
         out: list[Candidate] = []
         # A delta dir without its MANIFEST is an upload in progress: not worth a log line.
         for ref in list_deltas(view, full.path, after_step):
-            candidate = self._check(ref)
+            candidate = self._check(ref, full=False)
             if candidate is None:
                 break
             out.append(candidate)

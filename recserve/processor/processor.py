@@ -23,6 +23,7 @@ from recserve.errors import ConfigError, InternalError, RecserveError
 from recserve.model_store.backends import copy_to_local, storage_for
 from recserve.model_store.backoff import Backoff
 from recserve.model_store.checkpoint import Checkpoint
+from recserve.model_store.load_progress import LoadProgress
 from recserve.model_store.manifest import Manifest
 from recserve.model_store.memory_budget import available_memory
 from recserve.model_store.model_dir import load_model_dir
@@ -45,9 +46,12 @@ log = logging.getLogger("recserve.processor")
 
 class Processor:
     def __init__(
-        self, config: str | bytes | Mapping[str, Any] | ProcessorConfig, *, model_name: str = "default"
+        self, config: str | bytes | Mapping[str, Any] | ProcessorConfig, *, model_name: str = "default",
+        progress: LoadProgress | None = None,
     ) -> None:
         self.config = config if isinstance(config, ProcessorConfig) else parse_config(config)
+        # Given by a caller that reports a first load while this constructor runs (the server).
+        self.progress = progress or LoadProgress(model_name)
         # OpenMP runtimes read these when they load, so they go first (DeepRec's omp fields).
         apply_thread_environment(self.config.env_overrides())
         self.model_name = model_name
@@ -92,7 +96,8 @@ class Processor:
             return
         interval = self.config.model_update_interval_seconds
         self._updater = ModelUpdater(
-            VersionWatcher(self._storage, self.config.checkpoint_dir, backoff=Backoff(interval, max(60.0, interval))),
+            VersionWatcher(self._storage, self.config.checkpoint_dir, backoff=Backoff(interval, max(60.0, interval)),
+                           progress=self.progress),
             self._manager,
             self._build,
             interval=interval,
@@ -109,7 +114,8 @@ class Processor:
         self._updater.start()
 
     def _build(self, checkpoint: Checkpoint) -> Servable:
-        return Servable.load(self._model, checkpoint, self.config, placed=self._placed, model_name=self.model_name)
+        return Servable.load(self._model, checkpoint, self.config, placed=self._placed, model_name=self.model_name,
+                             progress=self.progress.advance)
 
     def load_version(self, name: str | None) -> dict[str, Any]:
         """Serve full version `name` (a directory under checkpoint_dir) and its deltas from now
@@ -184,6 +190,7 @@ class Processor:
             "delta_updates": updates.get("delta_updates", 0),
             "update_failures": updates.get("failures", {}),
             "last_error": updates.get("last_error"),
+            "load": self.progress.snapshot(),
             "tables": {name: {"rows": len(t)} for name, t in servable.tables.items()} if servable else {},
         }
 

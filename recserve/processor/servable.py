@@ -7,7 +7,7 @@ that deltas update in place under the embedding engine's row rule. Thread-safe.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from recserve.embedding import EmbeddingTable, LookupPlan, string_keys, tier_spe
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
-from recserve.model_store.checkpoint import Checkpoint, bound_table_rows
+from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, table_file
 from recserve.model_store.load_threads import map_in_threads
 from recserve.model_store.model_dir import ModelDir
 from recserve.model_store.updater import apply_delta
@@ -37,17 +37,22 @@ __all__ = ["Servable", "build_tables"]
 
 
 def build_tables(
-    bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint, config: ProcessorConfig, model_name: str
+    bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint, config: ProcessorConfig, model_name: str,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, EmbeddingTable]:
     """One EmbeddingTable per bound table name, from the checkpoint's rows; on DRAM + SSD
     tiers (`ev_storage_type` 12) under ev_storage_path/<model>/<version>/<table>."""
     def build(item: tuple[str, tuple[EmbeddingBinding, Any]]) -> EmbeddingTable | Exception:
         name, (b, data) = item
         try:
-            return EmbeddingTable(
+            table = EmbeddingTable(
                 name, b.dim, data.keys, data.values, default=b.default, freqs=data.freqs, versions=data.versions,
                 storage=tier_spec(config, model=model_name, version=checkpoint.ref.name, table=name),
             )
+            entry = checkpoint.manifest.files.get(table_file(name))
+            if progress is not None and entry is not None:
+                progress(entry.size)
+            return table
         except Exception as exc:  # noqa: BLE001  (raised below, once every other table is closed)
             return exc
 
@@ -132,6 +137,7 @@ class Servable:
         *,
         placed: PlacedModel | None = None,
         model_name: str = "default",
+        progress: Callable[[int], None] | None = None,
     ) -> Servable:
         redis: RedisTableSet | None = None
         if config.uses_redis:
@@ -144,7 +150,7 @@ class Servable:
                 model.spec.embeddings, checkpoint, config, model_name, reload=checkpoint.with_tables
             )
         try:
-            return cls._load(model, checkpoint, config, placed, redis, model_name)
+            return cls._load(model, checkpoint, config, placed, redis, model_name, progress)
         except BaseException:
             if redis is not None:
                 redis.close()
@@ -159,13 +165,14 @@ class Servable:
         placed: PlacedModel | None,
         redis: RedisTableSet | None,
         model_name: str,
+        progress: Callable[[int], None] | None = None,
     ) -> Servable:
         if redis is not None:
             tables: Mapping[str, Any] = redis.tables
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         elif placed is None:
-            tables = build_tables(model.spec.embeddings, checkpoint, config, model_name)
+            tables = build_tables(model.spec.embeddings, checkpoint, config, model_name, progress)
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         else:

@@ -54,6 +54,7 @@ def model_status(entry: ModelEntry) -> dict[str, Any]:
         "pinned_version": info.get("pinned_version"),
         "delta_step": info.get("delta_step"),
         "last_error": entry.last_error or info.get("last_error"),
+        "load": entry.progress.snapshot(),  # a version loading now: percent, rate, ETA
     }
 
 
@@ -139,8 +140,14 @@ def status_router(ctx: ServerContext) -> APIRouter:
         error = {"error_code": "OK", "error_message": ""}
         if status["last_error"] and not status["ready"]:
             error = {"error_code": "UNAVAILABLE", "error_message": status["last_error"]}
-        return JSONResponse({"model_version_status": [
-            {"version": str(status["version"] or ""), "state": state, "status": error}]})
+        versions = [{"version": str(status["version"] or ""), "state": state, "status": error}]
+        load = status["load"]
+        if load is not None:
+            message = f"{load['percent']}% of {load['bytes_total']} bytes, ETA {load['eta_seconds']} s"
+            loading = {"version": load["loading"].removeprefix("version "), "state": "LOADING",
+                       "status": {"error_code": "OK", "error_message": message}}
+            versions = [loading] if not status["version"] else [*versions, loading]
+        return JSONResponse({"model_version_status": versions})
 
     def tf_metadata(name: str) -> dict[str, Any]:
         entry = models.get(name)

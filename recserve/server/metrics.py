@@ -108,15 +108,19 @@ class ModelCollector(Collector):
                                       labels=["model", "kind"])
         failures = CounterMetricFamily("recserve_model_update_failures",
                                        "Update problems by reason (storage, not_ready, corrupt, wrong_base, "
-                                       "load, internal); the old version kept serving.",
+                                       "load, memory, internal); the old version kept serving.",
                                        labels=["model", "reason"])
         rows = GaugeMetricFamily("recserve_embedding_rows", "Rows in each embedding table.",
                                  labels=["model", "table"])
         hit_rate = GaugeMetricFamily("recserve_embedding_hit_rate",
                                      "Fraction of looked-up ids found in the table (others get the default).",
                                      labels=["model", "table"])
+        progress = GaugeMetricFamily("recserve_model_load_progress",
+                                     "Fraction done of the version loading now (checksums, then tables); 1 when "
+                                     "nothing loads.", labels=["model"])
         for name, entry in self._models.entries.items():
             ready.add_metric([name], 1.0 if entry.ready else 0.0)
+            progress.add_metric([name], entry.progress.fraction)
             loads.add_metric([name, "ok"], entry.load_counts["ok"])
             loads.add_metric([name, "error"], entry.load_counts["error"])
             processor = entry.processor
@@ -135,4 +139,4 @@ class ModelCollector(Collector):
                 rows.add_metric([name, table], float(stats["rows"]))
                 if stats.get("lookups"):
                     hit_rate.add_metric([name, table], stats["hits"] / stats["lookups"])
-        yield from (ready, version, step, loads, updates, failures, rows, hit_rate)
+        yield from (ready, progress, version, step, loads, updates, failures, rows, hit_rate)

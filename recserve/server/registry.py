@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from recserve.config import ProcessorConfig
 from recserve.errors import ModelNotReadyError, RecserveError, RequestError
+from recserve.model_store.load_progress import LoadProgress
 from recserve.processor.manager import ServableManager
 from recserve.processor.processor import Processor
 from recserve.server.admission import Admission
@@ -44,6 +45,8 @@ class ModelEntry:
         self._swap_lock = threading.Lock()
         self._recorder: WarmupRecorder | None = None
         self.admission = Admission(name, config.max_queued_requests, config.max_queue_ms / 1000)
+        # The load of a version, first or later, as it goes (the processor reports into it).
+        self.progress = LoadProgress(name)
 
     # -- recording a warmup file from live traffic (admin routes) ---------------------------
 
@@ -96,7 +99,7 @@ class ModelEntry:
         """Build the model's processor and serve it; raises RecserveError on failure."""
         with self._swap_lock:
             try:
-                processor = Processor(self.config, model_name=self.name)
+                processor = Processor(self.config, model_name=self.name, progress=self.progress)
             except RecserveError as exc:
                 self.load_counts["error"] += 1
                 self.last_error = exc.message
