@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install native redis-server serve test bench proto docs clean
+.PHONY: install native redis-server wrk serve test bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -23,6 +23,10 @@ native: $(VENV)/.installed
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
 
+# The benchmarks' HTTP load generator (bench_frontdoor).
+wrk:
+	@command -v wrk >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wrk; }
+
 serve: install
 	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
 	$(BIN)/recserve serve --config .demo/config.json
@@ -30,7 +34,7 @@ serve: install
 test: install redis-server
 	$(BIN)/python -m pytest -q
 
-bench: install redis-server
+bench: install redis-server wrk
 	$(BIN)/python -m benchmarks
 
 proto: install
