@@ -7,15 +7,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 from recserve.embedding import IMPLEMENTATION
-from recserve.export import write_checkpoint, write_model_dir
-from recserve.model_spec import EmbeddingBinding, ModelSpec
 
 ROWS, DIM = 400_000, 128  # 205 MB of float32 rows
 
@@ -52,19 +47,9 @@ processor.close()
 
 
 @pytest.mark.skipif(IMPLEMENTATION != "native", reason="memory use is the native engine's; the twin is a spec")
-def test_after_a_full_swap_memory_is_a_fresh_load_of_the_new_version(tmp_path: Path) -> None:
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["emb"], ["score"], keepdims=0)], "g",
-        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["B", DIM])],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["B"])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    spec = ModelSpec(embeddings=(EmbeddingBinding(input="id", table="big", dim=DIM, graph_input="emb"),))
-    model_dir = write_model_dir(tmp_path / "model", model, spec)
-    values = np.random.default_rng(3).standard_normal((ROWS, DIM), dtype=np.float32)
-    write_checkpoint(tmp_path / "ckpt", {"big": (np.arange(ROWS, dtype=np.int64), values)}, global_step=1)
-    del values
-    config = {"savedmodel_dir": str(model_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
+def test_after_a_full_swap_memory_is_a_fresh_load_of_the_new_version(one_big_table) -> None:
+    model_dir, checkpoint_dir = one_big_table(ROWS, DIM)
+    config = {"savedmodel_dir": str(model_dir), "checkpoint_dir": str(checkpoint_dir),
               "model_update_interval_seconds": 0.2}
 
     def child(*args: str) -> int:

@@ -95,7 +95,7 @@ processor.close()
 
 
 @pytest.mark.skipif(IMPLEMENTATION != "native", reason="memory use is the native engine's; the twin is a spec")
-def test_a_table_bigger_than_its_memory_never_sits_in_memory_whole(tmp_path: Path) -> None:
+def test_a_table_bigger_than_its_memory_never_sits_in_memory_whole(tmp_path: Path, one_big_table) -> None:
     """Loading a tiered table from a checkpoint streams its rows from the file's mapping into
     the SSD tier: the peak of the process's anonymous memory while the version loads grows
     by the index, the keys and the DRAM budget, not by the table (here 160 MB of rows; the
@@ -103,23 +103,8 @@ def test_a_table_bigger_than_its_memory_never_sits_in_memory_whole(tmp_path: Pat
     import subprocess
     import sys
 
-    from onnx import TensorProto, helper
-
-    from recserve.export import write_model_dir
-    from recserve.model_spec import EmbeddingBinding, ModelSpec
-
     rows, dim = 312_500, 128  # 160 MB of float32 rows
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["emb"], ["score"], keepdims=0)], "g",
-        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["B", dim])],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["B"])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    spec = ModelSpec(embeddings=(EmbeddingBinding(input="id", table="big", dim=dim, graph_input="emb"),))
-    model_dir = write_model_dir(tmp_path / "model", model, spec)
-    values = np.random.default_rng(3).standard_normal((rows, dim), dtype=np.float32)
-    write_checkpoint(tmp_path / "ckpt", {"big": (np.arange(rows, dtype=np.int64), values)}, global_step=1)
-    del values
+    model_dir, _ = one_big_table(rows, dim)
     config = {
         "savedmodel_dir": str(model_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
         "ev_storage_type": 12, "ev_storage_path": str(tmp_path / "ssd"), "ev_storage_size": [8 << 20, 1 << 30],
