@@ -1,4 +1,4 @@
-"""Builds and runs recserve's fuzz targets (tests/fuzz/README.md says what each covers).
+"""Builds and runs recserve's fuzz targets (RELIABILITY.md says what each covers).
 
     python tests/fuzz/run.py [--seconds N] [--ci] [--merge] [TARGET ...]
 
@@ -44,10 +44,11 @@ class Target:
     native: tuple[str, ...] = ()          # C sources it links; empty for a Python target
     flags: tuple[str, ...] = ()
     max_len: int = 4096
+    corpus_of: str = ""                   # another target whose corpus it shares (same input format)
 
     @property
     def corpus(self) -> Path:
-        return HERE / "corpus" / self.name
+        return HERE / "corpus" / (self.corpus_of or self.name)
 
 
 TARGETS = {
@@ -58,6 +59,7 @@ TARGETS = {
         Target("engine", "tests/fuzz/fuzz_engine.c", tuple(ENGINE), ("-ffp-contract=off", "-pthread", "-lm"), 512),
         Target("ssd", "tests/fuzz/fuzz_ssd.c", tuple(ENGINE), ("-pthread", "-lm"), 256),
         Target("checkpoint", "tests/fuzz/fuzz_checkpoint.py", max_len=2048),
+        Target("codec_parity", "tests/fuzz/fuzz_codec_parity.py", corpus_of="codec"),
     ]
 }
 
@@ -104,7 +106,7 @@ class Result:
     output: str
 
     def line(self) -> str:
-        return (f"{self.target:<11} executions={self.executions:<10} cov={self.coverage:<6} ft={self.features:<7}"
+        return (f"{self.target:<13} executions={self.executions:<10} cov={self.coverage:<6} ft={self.features:<7}"
                 f" corpus={self.corpus:<6} {'ok' if self.ok else 'FAILED'}")
 
 
