@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 _spec = importlib.util.spec_from_file_location("fuzz_run", Path(__file__).with_name("run.py"))
 assert _spec and _spec.loader
-run = importlib.util.module_from_spec(_spec)
+run = sys.modules["fuzz_run"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run)
 
 SECONDS = int(os.environ.get("RECSERVE_FUZZ_CI_SECONDS", "10"))
