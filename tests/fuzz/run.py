@@ -100,13 +100,15 @@ class Result:
     target: str
     executions: int
     coverage: int        # libFuzzer's "cov": code edges (C) / Python branches (atheris) reached
+    edges: int           # C: instrumented edges in all (harness and native/ sources); Python: 0
     features: int
     corpus: int
     ok: bool
     output: str
 
     def line(self) -> str:
-        return (f"{self.target:<13} executions={self.executions:<10} cov={self.coverage:<6} ft={self.features:<7}"
+        cov = f"{self.coverage}/{self.edges}" if self.edges else str(self.coverage)
+        return (f"{self.target:<13} executions={self.executions:<10} cov={cov:<10} ft={self.features:<7}"
                 f" corpus={self.corpus:<6} {'ok' if self.ok else 'FAILED'}")
 
 
@@ -120,7 +122,9 @@ def _run(target: Target, args: list[str], timeout: float) -> Result:
     executions = re.findall(r"stat::number_of_executed_units: (\d+)", out)
     progress = re.findall(r"#\d+\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)", out)
     cov, ft, corpus = map(int, progress[-1]) if progress else (0, 0, 0)
-    return Result(target.name, int(executions[-1]) if executions else 0, cov, ft, corpus, proc.returncode == 0, out)
+    edges = re.findall(r"\((\d+) inline 8-bit counters\)", out) if target.native else []
+    return Result(target.name, int(executions[-1]) if executions else 0, cov, int(edges[0]) if edges else 0, ft,
+                  corpus, proc.returncode == 0, out)
 
 
 def campaign(target: Target, seconds: int) -> Result:
