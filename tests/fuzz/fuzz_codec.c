@@ -14,11 +14,7 @@
 #include <string.h>
 
 #include "codec.h"
-
-#define CHECK(cond)          \
-    do {                     \
-        if (!(cond)) abort(); \
-    } while (0)
+#include "fuzz_input.h"
 
 static uint64_t get(const uint8_t** p, const uint8_t* end) {
     uint64_t v = 0;

@@ -20,14 +20,7 @@
 #include <unistd.h>
 
 #include "embedding.h"
-
-#define CHECK(cond)                                                             \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "fuzz_engine: check failed at line %d: %s\n", __LINE__, #cond); \
-            abort();                                                            \
-        }                                                                       \
-    } while (0)
+#include "fuzz_input.h"
 
 /* The key space: extremes and neighbours of the values hashing and probing care about. */
 static const int64_t KEYS[] = {
@@ -40,12 +33,6 @@ static const int64_t KEYS[] = {
 #define MAX_DIM 9
 #define MAX_BATCH 24
 
-typedef struct {
-    const uint8_t *p, *end;
-} input;
-
-static bool more(const input* in) { return in->p < in->end; }
-static uint8_t byte(input* in) { return more(in) ? *in->p++ : 0; }
 static int key_index(input* in) { return byte(in) % NKEYS; }
 
 typedef struct {

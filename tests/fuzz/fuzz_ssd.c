@@ -24,25 +24,10 @@
 #include <unistd.h>
 
 #include "embedding.h"
-
-#define CHECK(cond)                                                                     \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
-            fprintf(stderr, "fuzz_ssd: check failed at line %d: %s\n", __LINE__, #cond); \
-            abort();                                                                    \
-        }                                                                               \
-    } while (0)
+#include "fuzz_input.h"
 
 #define N 48
 #define MAX_DIM 6
-
-typedef struct {
-    const uint8_t *p, *end;
-} input;
-
-static bool more(const input* in) { return in->p < in->end; }
-static uint8_t byte(input* in) { return more(in) ? *in->p++ : 0; }
-static uint16_t word(input* in) { return (uint16_t)(byte(in) | byte(in) << 8); }
 
 typedef struct {
     rs_table* table;

@@ -76,7 +76,7 @@ def build(target: Target) -> list[str]:
     if not target.native:
         return [sys.executable, str(ROOT / target.source)]
     binary = BUILD / f"fuzz_{target.name}"
-    sources = [ROOT / target.source, *(ROOT / s for s in target.native), *ROOT.glob("native/*.h")]
+    sources = [ROOT / target.source, *(ROOT / s for s in target.native), *ROOT.glob("native/*.h"), *HERE.glob("*.h")]
     if not binary.exists() or binary.stat().st_mtime < max(s.stat().st_mtime for s in sources):
         BUILD.mkdir(parents=True, exist_ok=True)
         cmd = [clang(), "-g", "-O1", *SANITIZE, "-Inative", target.source, *target.native, *target.flags,
