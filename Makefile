@@ -53,7 +53,7 @@ SANITIZE_ENV    = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
 test-sanitize: install redis-server
 	rm -rf $(SANITIZE_TREE) && mkdir -p $(SANITIZE_TREE)
 	tar -c --exclude=./$(VENV) --exclude=./build --exclude=./.git --exclude='*.so' . | tar -x -C $(SANITIZE_TREE)
-	cd $(SANITIZE_TREE) && RECSERVE_SANITIZE=1 $(abspath $(BIN))/python setup.py -q build_ext --inplace
+	cd $(SANITIZE_TREE) && RECSERVE_SANITIZE=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
 	cd $(SANITIZE_TREE) && PYTHONPATH=$$PWD $(SANITIZE_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider -k '$(SANITIZE_SKIP)' $(SANITIZE_TESTS)
 
 # A fuzzing campaign: every target FUZZ_SECONDS seconds (tests/fuzz/run.py --help).
