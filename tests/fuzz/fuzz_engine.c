@@ -258,6 +258,12 @@ static bool create(state* s, input* in) {
     return true;
 }
 
+int LLVMFuzzerInitialize(int* argc, char*** argv) {
+    (void)argc, (void)argv;
+    keep_eviction_threads();
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     input in = {data, data + size};
     state* s = calloc(1, sizeof *s);

@@ -27,4 +27,31 @@ static inline uint16_t word(input* in) {
     return (uint16_t)(low | byte(in) << 8);
 }
 
+#ifdef RECSERVE_EMBEDDING_H
+#include <string.h>
+#include <unistd.h>
+
+/* One tiered table kept for the whole run: the engine's eviction threads exit when no
+ * tiered table is left and start again with the next, so without it every input would
+ * pay for creating a thread (costly under ASan) rather than for the code under test. */
+static rs_table* keeper;
+static char keeper_dir[128];
+
+static void keeper_free(void) {
+    rs_table_free(keeper);
+    rmdir(keeper_dir);
+}
+
+static inline void keep_eviction_threads(void) {
+    const char* tmp = getenv("TMPDIR");
+    snprintf(keeper_dir, sizeof keeper_dir, "%s/fuzz-keeper-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    CHECK(mkdtemp(keeper_dir) != NULL);
+    rs_tier_config config = {.path = keeper_dir, .dram_bytes = 0, .ssd_bytes = 1 << 16,
+                             .segment_bytes = 4096, .io = RS_IO_PREAD, .eviction_threads = 1};
+    int64_t detail;
+    CHECK(rs_tiered_create(1, RS_DEFAULT_ZEROS, 0, 0, NULL, NULL, 0, NULL, 0, &config, &keeper, &detail) == RS_OK);
+    atexit(keeper_free);
+}
+#endif
+
 #endif
