@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install native redis-server wrk serve test bench proto docs clean
+.PHONY: install native redis-server wrk clang serve test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -27,12 +27,48 @@ redis-server:
 wrk:
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wrk; }
 
+# clang with libFuzzer's runtime, for the fuzz targets (tests/fuzz/, RELIABILITY.md).
+clang:
+	@echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' | clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends clang libclang-rt-dev; }
+
 serve: install
 	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
 	$(BIN)/recserve serve --config .demo/config.json
 
-test: install redis-server
+# tests/fuzz/test_fuzz_corpus.py runs every fuzz target briefly on its checked-in corpus.
+test: install redis-server clang
 	$(BIN)/python -m pytest -q
+
+# The native-heavy tests against libraries built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (RELIABILITY.md), in a copy of the tree so the regular build
+# stays as it is. Python is not instrumented: libasan must be its first library
+# (LD_PRELOAD), and the interpreter's memory that lives until exit is not a leak. Left
+# out: tests that measure memory (ASan's shadow and quarantine change RSS), and tests
+# where onnxruntime throws a C++ exception (it aborts with libasan preloaded; not our code),
+# and the Redis tests (Python code; their outage timings only get flakier under ASan).
+SANITIZE_TREE  := build/sanitize
+SANITIZE_TESTS ?= tests/wire $(wildcard tests/embedding/test_embedding_*.py) tests/cabi \
+                  tests/processor/test_processor_requests.py tests/processor/test_processor_tiers.py \
+                  tests/processor/test_processor_parity.py tests/processor/test_batching.py \
+                  tests/processor/test_request_route.py
+SANITIZE_SKIP  ?= not never_sits_in_memory
+SANITIZE_ENV    = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
+                  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+                  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+test-sanitize: install redis-server
+	rm -rf $(SANITIZE_TREE) && mkdir -p $(SANITIZE_TREE)
+	tar -c --exclude=./$(VENV) --exclude=./build --exclude=./.git --exclude='*.so' . | tar -x -C $(SANITIZE_TREE)
+	cd $(SANITIZE_TREE) && RECSERVE_SANITIZE=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
+	cd $(SANITIZE_TREE) && PYTHONPATH=$$PWD $(SANITIZE_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider -k '$(SANITIZE_SKIP)' $(SANITIZE_TESTS)
+
+# A fuzzing campaign: every target FUZZ_SECONDS seconds (tests/fuzz/run.py --help).
+FUZZ_SECONDS ?= 60
+fuzz: install clang
+	$(BIN)/python tests/fuzz/run.py --seconds $(FUZZ_SECONDS)
+
+# The same, then the inputs that found new coverage join the checked-in corpus.
+fuzz-merge: install clang
+	$(BIN)/python tests/fuzz/run.py --merge --seconds $(FUZZ_SECONDS)
 
 bench: install redis-server wrk
 	$(BIN)/python -m benchmarks

@@ -11,6 +11,15 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CFLAGS = ["-O3", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+LDFLAGS: list[str] = []
+
+# `make test-sanitize` builds a copy of the tree with RECSERVE_SANITIZE=1: every library
+# under AddressSanitizer and UndefinedBehaviorSanitizer, stopping at the first report.
+# (A host process must then preload libasan; the Makefile target shows how.)
+if os.environ.get("RECSERVE_SANITIZE") == "1":
+    SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+    CFLAGS = [flag for flag in CFLAGS if flag != "-O3"] + ["-O1", *SANITIZE]
+    LDFLAGS = SANITIZE
 
 
 class SharedLibrary(Extension):
@@ -43,7 +52,7 @@ NATIVE = [
         include_dirs=["native"],
         # No FP contraction: default rows and pooling must match the Python twin bit for bit.
         extra_compile_args=CFLAGS + ["-pthread", "-ffp-contract=off"],
-        extra_link_args=["-pthread", "-lm"],
+        extra_link_args=["-pthread", "-lm", *LDFLAGS],
     ),
     SharedLibrary(
         "recserve.wire.librecserve_codec",
@@ -51,6 +60,7 @@ NATIVE = [
         depends=["native/codec.h"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS,
+        extra_link_args=LDFLAGS,
     ),
 ]
 
@@ -71,7 +81,7 @@ if os.path.exists("native/processor_shim.c"):
             # library is used in place (editable install) rather than from site-packages.
             define_macros=[("RECSERVE_BUILD_PYTHON", json.dumps(sys.executable))],
             extra_compile_args=CFLAGS + ["-pthread"],
-            extra_link_args=["-pthread"],
+            extra_link_args=["-pthread", *LDFLAGS],
         )
     )
 

@@ -137,6 +137,9 @@ typedef struct {
     const char* map;  /* read-only shared mapping of the whole file (RS_IO_MMAP), or NULL */
     int64_t written;  /* records appended; writer only */
     int64_t live;     /* records some key still points at; writer only */
+    /* Compaction found live records whose stored key no longer names them (the file was
+     * written by someone else): it keeps serving them and is never compacted. Writer only. */
+    bool damaged;
 } rs_segment;
 
 typedef struct rs_tier {

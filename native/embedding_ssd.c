@@ -96,6 +96,7 @@ static int segment_new(rs_tier* tier) {
     seg->map = map;
     seg->written = 0;
     seg->live = 0;
+    seg->damaged = false;
     tier->segment_count = (int64_t)s + 1;
     tier->segments_open++;
     return RS_OK;
@@ -246,6 +247,12 @@ static int compact_segment(rs_table* t, uint64_t s, char* in, char* out, uint64_
             rs_ssd_garbage(tier, moved[i]);
         }
     }
+    /* A live record not found through its stored key means the key bytes were damaged:
+     * retiring the segment would leave that key pointing into a deleted file. */
+    if (seg->live > 0) {
+        seg->damaged = true;
+        return RS_EIO;
+    }
     tier->records_total -= seg->written;
     tier->records_live -= seg->live; /* 0: every live record moved */
     seg->written = -1;                /* retired: never a candidate again */
@@ -267,7 +274,7 @@ int rs_ssd_compact(rs_table* t, bool everything, int64_t max_segments) {
     const int64_t sealed = tier->segment_count - 1;
     for (int64_t s = 0; s < sealed && max_segments > 0 && status == RS_OK; s++) {
         rs_segment* seg = segment_at(tier, (uint64_t)s);
-        if (seg->written < 0 || seg->fd < 0) continue;
+        if (seg->written < 0 || seg->fd < 0 || seg->damaged) continue;
         bool worth = everything ? seg->live < seg->written : 2 * seg->live <= seg->written;
         if (!worth) continue;
         status = compact_segment(t, (uint64_t)s, in, out, moved);

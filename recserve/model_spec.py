@@ -156,7 +156,7 @@ def parse_model_spec(text: str | bytes, source: str = "model.json") -> ModelSpec
     """Parse and validate a model.json document; `source` names it in error messages."""
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise ModelLoadError(f"{source}: not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise ModelLoadError(f"{source}: expected a JSON object")

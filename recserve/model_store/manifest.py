@@ -133,7 +133,7 @@ def read_manifest(storage: Storage, version_dir: str) -> Manifest:
     raw = storage.read(path)
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CorruptVersionError(f"{path}: not valid JSON ({exc})") from exc
     return Manifest.from_json(doc, source=path)
 

@@ -28,7 +28,7 @@ __all__ = ["inference_router"]
 def _json_body(body: bytes) -> Any:
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise RequestError(f"request body is not valid JSON: {exc}") from exc
 
 

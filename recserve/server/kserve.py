@@ -167,7 +167,7 @@ def decode_http_request(body: bytes, header_length: int | None, version: str = "
     raw = memoryview(body)[len(head):]
     try:
         doc = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise RequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise RequestError('request must be a JSON object with an "inputs" list')

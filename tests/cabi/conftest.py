@@ -22,9 +22,16 @@ from recserve.wire.codec import encode_request
 HERE = Path(__file__).resolve().parent
 
 
+# `make test-sanitize`: the library under test is built with ASan/UBSan, so the host needs
+# the sanitizer runtime preloaded and its options, like any host of such a build.
+_SANITIZER_VARIABLES = ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")
+
+
 def host_env() -> dict[str, str]:
     """A host that knows nothing of Python: no PYTHONPATH, no venv, no PYTHONHOME."""
-    return {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+    env.update({name: os.environ[name] for name in _SANITIZER_VARIABLES if name in os.environ})
+    return env
 
 
 def compile_c(source: Path, out: Path, *extra: str) -> Path:

@@ -56,6 +56,13 @@ def test_bad_json_is_corrupt(tmp_path):
         read_manifest(STORAGE, str(tmp_path))
 
 
+def test_json_nested_too_deeply_is_corrupt(tmp_path):
+    # Found by tests/fuzz/fuzz_checkpoint.py: the json module raises RecursionError here.
+    (tmp_path / "MANIFEST.json").write_text("[" * 1500)
+    with pytest.raises(CorruptVersionError, match=r"MANIFEST.json: not valid JSON \(maximum recursion depth"):
+        read_manifest(STORAGE, str(tmp_path))
+
+
 GOOD = {"format": "recserve.checkpoint/1", "kind": "full", "global_step": 3,
         "files": {"dense.safetensors": {"size": 1, "sha256": "a" * 64}}}
 

@@ -4,7 +4,7 @@ from onnx import TensorProto, helper
 
 from recserve.errors import ModelLoadError
 from recserve.export import write_model_dir
-from recserve.model_spec import EmbeddingBinding, ModelSpec, SignatureSpec
+from recserve.model_spec import EmbeddingBinding, ModelSpec, SignatureSpec, parse_model_spec
 from recserve.model_store import LocalStorage, load_model_dir
 
 STORAGE = LocalStorage()
@@ -85,3 +85,9 @@ def test_unreadable_onnx_without_model_json(tmp_path):
     (tmp_path / "m" / "model.onnx").write_bytes(b"\xff\xff not a protobuf")
     with pytest.raises(ModelLoadError, match=r"model.onnx: not a readable ONNX model \("):
         load_model_dir(STORAGE, str(tmp_path / "m"))
+
+
+def test_model_json_nested_too_deeply_is_a_load_error():
+    # json raises RecursionError, not ValueError, on deep nesting (see tests/fuzz/).
+    with pytest.raises(ModelLoadError, match=r"model.json: not valid JSON \(maximum recursion depth"):
+        parse_model_spec("[" * 1500)

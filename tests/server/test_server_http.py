@@ -141,6 +141,11 @@ def test_tfserving_errors(server, demo):
     assert both.json() == {"error": 'request must have exactly one of "instances" (rows) and "inputs" (columns)'}
     not_json = httpx.post(f"{server.url}/v1/models/default:predict", content=b"{")
     assert not_json.status_code == 400 and not_json.json()["error"].startswith("request body is not valid JSON")
+    # json raises RecursionError, not ValueError, on deep nesting: still the client's error.
+    deep = httpx.post(f"{server.url}/v1/models/default:predict", content=b"[" * 100_000)
+    assert deep.status_code == 400 and deep.json()["error"].startswith("request body is not valid JSON")
+    deep_kserve = httpx.post(f"{server.url}/v2/models/default/infer", content=b"[" * 100_000)
+    assert deep_kserve.status_code == 400, deep_kserve.text
 
 
 def test_tfserving_status_and_metadata(server, demo_processor):

@@ -1,0 +1,108 @@
+"""Writes the hand-made seed inputs of each fuzz target into tests/fuzz/corpus/<target>/.
+
+The checked-in corpora are these seeds plus what the campaigns found (`make fuzz` merges
+new coverage back); a file's name is its SHA-1, as libFuzzer names them, so rerunning this
+adds nothing twice. Run from the repository root: python tests/fuzz/seeds.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _wire_tests():
+    """tests/wire/test_codec_native.py: its legal and declined forms and request generator."""
+    spec = importlib.util.spec_from_file_location("codec_cases", ROOT / "tests" / "wire" / "test_codec_native.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(target: str, data: bytes) -> None:
+    folder = HERE / "corpus" / target
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / hashlib.sha1(data).hexdigest()).write_bytes(data)
+
+
+def codec_seeds() -> None:
+    from recserve.wire.codec import encode_request
+
+    cases = _wire_tests()
+    for data in [*cases.NATIVE_FORMS.values(), *cases.DECLINED.values()]:
+        write("codec", data)
+    requests = cases.Requests(seed=12)
+    for i in range(40):
+        data = requests.request()
+        write("codec", requests.corrupt(data) if i % 4 == 3 else data)
+    rng = np.random.default_rng(0)
+    write("codec", encode_request({"user_id": rng.integers(0, 10**9, 64), "age": rng.random((64, 1), np.float32)},
+                                  output_filter=("probabilities",)))
+    write("codec", encode_request({"s": np.array([b"a", b"bc"], dtype=object), "c": np.ones(3, np.complex64),
+                                   "b": np.array([True, False]), "h": np.ones((2, 2), np.float16)}))
+
+
+def engine_seeds() -> None:
+    # create (DRAM / tiered, zeros / normal default), initial keys, then opcode sequences:
+    # 0/1 upsert, 2 delete, 3 lookup, 4 contains, 5 snapshot, 6 sample, 7 compact/maintain.
+    write("engine", bytes([0x30, 3, 1, 2, 3, 0, 4, 5, 6, 7, 8, 3, 0x5f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]))
+    write("engine", bytes([0x13, 4, 9, 10, 11, 12, 0x05, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8, 7, 1, 3, 0x2d, 1, 2, 7, 4,
+                           2, 3, 1, 2, 3, 5, 0, 6, 1, 2, 3, 4, 7, 0]))
+    rng = random.Random(5)
+    for _ in range(12):
+        write("engine", bytes(rng.randrange(256) for _ in range(rng.randrange(16, 200))))
+
+
+def ssd_seeds() -> None:
+    # config, initial rows, then: 0 damage, 1/2 lookup, 3 upsert, 4 delete, 5 snapshot,
+    # 6 compact/maintain.
+    write("ssd", bytes([0x24, 40, 0, 0, 0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8, 4, 10, *range(10), 6, 1, 1, 16, *range(16)]))
+    write("ssd", bytes([0xa4, 30, 0, 3, 0, 16, 0, 0, 1, 8, *range(8), 3, 8, *range(8), 6, 1, 5]))
+    rng = random.Random(6)
+    for _ in range(12):
+        write("ssd", bytes(rng.randrange(256) for _ in range(rng.randrange(16, 160))))
+
+
+def checkpoint_seeds() -> None:
+    rng = np.random.default_rng(1)
+    table = {"keys": np.arange(5, dtype=np.int64) * 3, "values": rng.random((5, 4), np.float32),
+             "freqs": np.ones(5, np.int64), "versions": np.zeros(5, np.int64)}
+    delta = {"keys": np.array([7], np.int64), "values": np.ones((1, 4), np.float32),
+             "deleted": np.array([3], np.int64)}
+    dense = {"w": rng.random((3, 2), np.float32), "b": np.zeros(2, np.float64)}
+    for reader in (0, 1):
+        write("checkpoint", bytes([reader]) + safetensors.numpy.save(table))
+        write("checkpoint", bytes([reader]) + safetensors.numpy.save(delta))
+        write("checkpoint", bytes([reader]) + safetensors.numpy.save({"keys": np.zeros(0, np.int64),
+                                                                      "values": np.zeros((0, 4), np.float32)}))
+    write("checkpoint", bytes([2]) + safetensors.numpy.save(dense))
+    header = json.dumps({"keys": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},
+                         "values": {"dtype": "F32", "shape": [1, 1], "data_offsets": [8, 12]}}).encode()
+    write("checkpoint", bytes([0]) + struct.pack("<Q", len(header)) + header + bytes(12))
+    manifest = {"format": "recserve.checkpoint/1", "kind": "delta", "global_step": 12, "base_global_step": 10,
+                "files": {"embedding/user.safetensors": {"size": 4096, "sha256": "0" * 64}}}
+    write("checkpoint", bytes([3]) + json.dumps(manifest).encode())
+    write("checkpoint", bytes([3]) + b'{"format": "recserve.checkpoint/1", "kind": "full", "global_step": 1, "files": {}}')
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    codec_seeds()
+    engine_seeds()
+    ssd_seeds()
+    checkpoint_seeds()
+
+
+if __name__ == "__main__":
+    main()
