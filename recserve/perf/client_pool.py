@@ -53,14 +53,16 @@ class ClientPool:
 
     def run(self, url: str, grpc: bool, payloads: Sequence[tuple[bytes, str]], concurrency: int,
             duration: float, warmup: float, timeout: float,
-            progress: Callable[[float, int], None] | None = None) -> list[Samples]:
+            progress: Callable[[float, int], None] | None = None, start_at: float | None = None) -> list[Samples]:
         """Load at `concurrency` requests in flight: `warmup` seconds unmeasured, then
-        `duration` measured. `progress(seconds into the window, answers so far)` is called
-        a few times a second."""
+        `duration` measured from `start_at` (a time.time(); default: as soon as the
+        warmup allows). `progress(seconds into the window, answers so far)` is called a
+        few times a second."""
         shares = split(concurrency, self.processes)
         for i in range(self.processes):
             self._counter[i] = 0
-        start_at = time.time() + START_MARGIN + warmup
+        if start_at is None:
+            start_at = time.time() + START_MARGIN + warmup
         jobs = [Job(url, grpc, payloads, n, start_at, duration, timeout, slot) for slot, n in enumerate(shares)]
         result = self._pool.map_async(run_job, jobs, chunksize=1)
         while not result.ready():

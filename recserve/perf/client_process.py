@@ -27,9 +27,13 @@ _progress: Any = None  # a shared array: measured answers so far, one slot per j
 
 
 def init_progress(counter: Any) -> None:
-    """Pool initializer: the shared progress counters (multiprocessing.RawArray)."""
+    """Pool initializer: the shared progress counters (multiprocessing.RawArray). Imports
+    the clients' libraries now, so a point's window never opens on a process still
+    importing them (grpc.aio alone takes a good part of a second)."""
     global _progress
     _progress = counter
+    import grpc.aio  # noqa: F401
+    import uvloop  # noqa: F401
 
 
 @dataclass(frozen=True)

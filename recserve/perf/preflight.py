@@ -25,8 +25,11 @@ def _http(url: str, payload: Payload, protocol: str, timeout: float) -> None:
             response.read()
     except urllib.error.URLError as exc:
         raise RecserveError(f"{http_error_text(exc, what)} ({_HINT})") from None
-    except (http.client.HTTPException, OSError) as exc:
-        raise RecserveError(f"{what}: the answer is not HTTP/1.1 ({type(exc).__name__}: {exc}); {_HINT}") from None
+    except http.client.HTTPException:
+        raise RecserveError(f"{what}: the answer is not HTTP/1.1 (is --protocol right, or is this a gRPC "
+                            "port?)") from None
+    except OSError as exc:
+        raise RecserveError(f"{what} failed: {exc} ({_HINT})") from None
 
 
 def _grpc(target: str, payload: Payload, protocol: str, timeout: float) -> None:

@@ -6,6 +6,7 @@ Serving's `/metadata`. Every answer becomes {input alias: TensorSpec}.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -62,6 +63,9 @@ def _http(method: str, url: str, body: bytes | None, timeout: float) -> Any:
     except urllib.error.URLError as exc:
         raise RecserveError(http_error_text(exc, f"{method} {url}") + " (is the server up, and are --url, "
                             "--protocol and --model right?)") from exc
+    except http.client.HTTPException:
+        raise RecserveError(f"{method} {url}: the answer is not HTTP/1.1 (is --protocol right, or is this a gRPC "
+                            "port?)") from None
     except OSError as exc:
         raise RecserveError(f"{method} {url} failed: {exc}") from exc
     try:
