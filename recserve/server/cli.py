@@ -21,6 +21,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.config, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
 
 
+def _perf(args: argparse.Namespace) -> int:
+    from recserve.perf import options_from_args, run_perf
+
+    return run_perf(options_from_args(args))
+
+
 def _lib_path(args: argparse.Namespace) -> int:
     from recserve.processor.cabi import library_path
 
@@ -50,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--http-port", type=int, default=8080)
     serve.add_argument("--grpc-port", type=int, default=8500)
     serve.set_defaults(run=_serve)
+
+    perf = sub.add_parser("perf", help="load-test a deployment: req/s and latency per batch and concurrency")
+    from recserve.perf.options import add_arguments as add_perf_arguments
+
+    add_perf_arguments(perf)
+    perf.set_defaults(run=_perf)
 
     lib = sub.add_parser("lib-path", help="print the absolute path of libserving_processor.so")
     lib.set_defaults(run=_lib_path)
