@@ -16,9 +16,11 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 
-from recserve.proto import grpc_predict_v2_pb2 as v2
-from recserve.server.kserve import datatype_of
 from recserve.wire.codec import encode_request
+from recserve.wire.kserve_datatypes import datatype_of
+
+# recserve.proto.grpc_predict_v2_pb2 is imported where a gRPC KServe payload is built, not
+# here: its "inference" messages cannot share a process's protobuf pool with tritonclient.grpc's.
 
 __all__ = ["EAS_GRPC_METHOD", "KSERVE_GRPC_METHOD", "Payload", "build_payload", "request_path"]
 
@@ -74,6 +76,8 @@ def _kserve_http_body(inputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str
 
 
 def _kserve_grpc_message(inputs: Mapping[str, np.ndarray], model: str) -> bytes:
+    from recserve.proto import grpc_predict_v2_pb2 as v2
+
     request = v2.ModelInferRequest(model_name=model)
     for name, value in inputs.items():
         datatype, data = _raw(value)

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import numpy as np
 
 from recserve.errors import RecserveError
-from recserve.server.kserve import datatype_of
+from recserve.wire.kserve_datatypes import datatype_of
 
 __all__ = ["TensorSpec", "fetch_signature", "http_error_text"]
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from recserve.errors import RequestError
 from recserve.proto import grpc_predict_v2_pb2 as v2
+from recserve.wire.kserve_datatypes import DATATYPE_NUMPY, datatype_of
 
 __all__ = [
     "HEADER_LENGTH",
@@ -35,14 +36,7 @@ __all__ = [
 
 HEADER_LENGTH = "inference-header-content-length"
 
-_NUMPY = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64), "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(object),
-}
-_DATATYPE = {dtype: name for name, dtype in _NUMPY.items()}
+_NUMPY = DATATYPE_NUMPY
 _NAMES = ", ".join(_NUMPY)
 # signature_info dtype names (numpy's, "string" for strings) -> v2 datatypes
 _FROM_SIGNATURE = {str(dtype): name for name, dtype in _NUMPY.items() if name != "BYTES"} | {"string": "BYTES"}
@@ -66,15 +60,6 @@ class InferCall:
     id: str
     version: str
     signature_name: str | None
-
-
-def datatype_of(array: np.ndarray) -> str:
-    datatype = _DATATYPE.get(array.dtype)
-    if datatype is None:
-        if array.dtype.kind in "SU":
-            return "BYTES"
-        raise RequestError(f"output dtype {array.dtype} has no KServe v2 datatype")
-    return datatype
 
 
 def tensor_metadata(signature_tensors: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
