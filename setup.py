@@ -44,6 +44,7 @@ NATIVE = [
         "recserve.embedding.librecserve_embedding",
         sources=[
             "native/embedding.c",
+            "native/embedding_arena.c",
             "native/embedding_keys.c",
             "native/embedding_ssd.c",
             "native/embedding_tier.c",

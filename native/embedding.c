@@ -30,12 +30,12 @@ int64_t rs_index_max_used(const rs_index* ix) {
 }
 
 rs_index* rs_index_new(uint64_t capacity) {
-    rs_index* ix = malloc(sizeof *ix);
+    rs_index* ix = rs_mem_alloc(sizeof *ix, 64);
     if (!ix) return NULL;
     size_t bytes = capacity / LINE_BUCKETS * sizeof(line);
-    void* mem = NULL;
-    if (posix_memalign(&mem, bytes >= HUGE_PAGE ? HUGE_PAGE : 64, bytes) != 0) {
-        free(ix);
+    void* mem = rs_mem_alloc(bytes, bytes >= HUGE_PAGE ? HUGE_PAGE : 64);
+    if (!mem) {
+        rs_mem_free(ix);
         return NULL;
     }
 #ifdef MADV_HUGEPAGE
@@ -51,8 +51,8 @@ rs_index* rs_index_new(uint64_t capacity) {
 
 void rs_index_free(rs_index* ix) {
     if (!ix) return;
-    free(ix->lines);
-    free(ix);
+    rs_mem_free(ix->lines);
+    rs_mem_free(ix);
 }
 
 /* ---- storage: slot -> row ---- */
@@ -73,7 +73,7 @@ static int storage_append(rs_storage* s, uint64_t* slot) {
 }
 
 static void storage_free(rs_storage* s) {
-    for (int k = 0; k < MAX_BLOCKS; k++) free(atomic_load_explicit(&s->blocks[k], memory_order_relaxed));
+    for (int k = 0; k < MAX_BLOCKS; k++) rs_mem_free(atomic_load_explicit(&s->blocks[k], memory_order_relaxed));
 }
 
 /* ---- writer-side lists ---- */
@@ -82,7 +82,7 @@ int rs_grow_array(void** items, size_t* cap, size_t need, size_t item_size) {
     if (need <= *cap) return RS_OK;
     size_t cap2 = *cap ? *cap : 64;
     while (cap2 < need) cap2 *= 2;
-    void* p = realloc(*items, cap2 * item_size);
+    void* p = rs_mem_grow(*items, *cap * item_size, cap2 * item_size);
     if (!p) return RS_ENOMEM;
     *items = p;
     *cap = cap2;
@@ -151,7 +151,7 @@ int rs_reclaim(rs_table* t) {
 
 rs_table* rs_table_alloc(int64_t dim, int32_t default_kind, double stddev, uint64_t seed) {
     size_t size = (sizeof(rs_table) + 63) / 64 * 64;
-    rs_table* t = aligned_alloc(64, size);
+    rs_table* t = rs_mem_alloc(size, 64);
     if (!t) return NULL;
     memset(t, 0, size);
     t->dim = dim;
@@ -207,7 +207,7 @@ int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t s
     t->storage.base_rows = (uint64_t)n;
     int status = rs_index_load(t, keys, n, 0, bad_key);
     if (status != RS_OK) {
-        free(t);
+        rs_mem_free(t);
         return status;
     }
     *out = t;
@@ -220,15 +220,15 @@ void rs_table_free(rs_table* t) {
     rs_index_free(atomic_load(&t->index));
     for (size_t i = 0; i < t->retired_indexes.len; i++) rs_index_free(t->retired_indexes.items[i]);
     for (size_t i = 0; i < t->waiting_indexes.len; i++) rs_index_free(t->waiting_indexes.items[i]);
-    free(t->retired_indexes.items);
-    free(t->waiting_indexes.items);
-    free(t->free_slots.items);
-    free(t->retired_slots.items);
-    free(t->waiting_slots.items);
-    free(t->retired_segments.items);
-    free(t->waiting_segments.items);
+    rs_mem_free(t->retired_indexes.items);
+    rs_mem_free(t->waiting_indexes.items);
+    rs_mem_free(t->free_slots.items);
+    rs_mem_free(t->retired_slots.items);
+    rs_mem_free(t->waiting_slots.items);
+    rs_mem_free(t->retired_segments.items);
+    rs_mem_free(t->waiting_segments.items);
     storage_free(&t->storage);
-    free(t);
+    rs_mem_free(t);
 }
 
 int64_t rs_table_size(rs_table* t) { return atomic_load(&t->live); }

@@ -143,6 +143,19 @@ RS_API int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, in
 RS_API int rs_table_upsert(rs_table* t, const int64_t* keys, const float* values, int64_t n);
 RS_API int rs_table_delete(rs_table* t, const int64_t* keys, int64_t n);
 
+/* The shared arena (embedding_arena.c, DESIGN §9): worker processes forked after
+ * rs_arena_reserve read the leader's tables at the same addresses. Reserve once, before any
+ * table exists and before forking; NULL if the range cannot be mapped. A forked worker calls
+ * rs_arena_detach at once and from then on only reads arena memory. stats: reserved bytes,
+ * allocated bytes, peak allocated bytes, free extents. */
+RS_API void* rs_arena_reserve(int64_t bytes);
+RS_API void rs_arena_detach(void);
+RS_API int rs_arena_contains(const void* p);
+RS_API void rs_arena_stats(int64_t* out);
+/* Row buffers for rs_table_create from the arena (the heap without one); 64-byte aligned. */
+RS_API void* rs_arena_alloc(int64_t bytes);
+RS_API void rs_arena_free(void* p);
+
 /* Deterministic functions of keys (embedding_keys.c). */
 RS_API void rs_default_vectors(double stddev, uint64_t seed, const int64_t* keys, int64_t n,
                                int64_t dim, float* out);

@@ -20,6 +20,15 @@
 #define SSD_TAG (1ULL << 62)
 #define GROUP 512                 /* lookups work through ids in groups (embedding.c) */
 
+/* ---- memory the table owns (embedding_arena.c) ---- */
+
+/* The heap, or the shared arena once the leader of worker processes reserved it: every
+ * allocation a table owns goes through these, so its pointers mean the same in every
+ * process forked after the reservation. Scratch memory of one call uses malloc. */
+void* rs_mem_alloc(size_t bytes, size_t alignment);
+void rs_mem_free(void* p);
+void* rs_mem_grow(void* p, size_t old_bytes, size_t new_bytes);
+
 /* ---- index: key -> slot ---- */
 
 /* Buckets come four to a 64-byte line, keys first: a probe loads the line's keys with two
@@ -78,10 +87,7 @@ int64_t rs_index_max_used(const rs_index* ix);
 /* Row buffers start on a cache line, so a row of 16 floats is one line, not two (a lookup
  * then misses on its index line and one row line). recserve.embedding.empty_rows lays out
  * the rows it hands to rs_table_create the same way. */
-static inline float* alloc_rows(size_t bytes) {
-    void* p = NULL;
-    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
-}
+static inline float* alloc_rows(size_t bytes) { return rs_mem_alloc(bytes ? bytes : 64, 64); }
 
 #define EXTRA_SHIFT 10 /* upsert block k holds 1024 << k rows */
 #define MAX_BLOCKS 48

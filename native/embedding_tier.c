@@ -427,7 +427,7 @@ void rs_tier_destroy(rs_table* t) {
     free(tier->sketch);
     pthread_mutex_destroy(&tier->lock);
     free(tier);
-    free(t->storage.base);
+    rs_mem_free(t->storage.base);
     t->storage.base = NULL;
     t->tier = NULL;
 }

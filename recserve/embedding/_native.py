@@ -202,7 +202,24 @@ class EmbeddingTable:
             raise ValueError(f"{where}: key {detail.value} occurs more than once in keys")
         _check(status, f"loading {where}")
         self._handle = handle.value
-        self._writer = threading.Lock()
+        self._writer: threading.Lock | None = threading.Lock()
+
+    @classmethod
+    def attach(cls, name: str, dim: int, default: DefaultSpec, handle: int) -> EmbeddingTable:
+        """The table another process (the leader of worker processes) built in the shared
+        arena, read here through its handle: lookups only; the builder writes and frees it."""
+        table = cls.__new__(cls)
+        table._name, table._dim, table._default = name, dim, default
+        table._storage, table._values, table._writer = None, None, None
+        table._handle = handle
+        return table
+
+    @property
+    def handle(self) -> int:
+        """The native handle (shared with worker processes when built in the shared arena)."""
+        if self._handle is None:
+            raise InternalError(f"table {self._name!r} is closed")
+        return self._handle
 
     def _create_tiered(
         self,
@@ -263,8 +280,8 @@ class EmbeddingTable:
         """Frees the table (and deletes a tiered table's files). Idempotent; no lookup, write
         or LookupPlan over this table may run during or after it."""
         handle, self._handle = getattr(self, "_handle", None), None
-        if handle is None:
-            return
+        if handle is None or getattr(self, "_writer", None) is None:
+            return  # closed, or attached: the process that built it frees it
         _LIB.rs_table_free(handle)
         storage = getattr(self, "_storage", None)
         if storage is not None:
@@ -349,15 +366,21 @@ class EmbeddingTable:
 
     def upsert(self, keys: np.ndarray, values: np.ndarray) -> None:
         keys, values = _inputs.check_rows(f"table {self._name!r}", self._dim, keys, values)
-        with self._writer:
+        with self._writable():
             status = _LIB.rs_table_upsert(self._handle, _address(keys), _address(values), len(keys))
         _check(status, f"upsert into table {self._name!r}")
 
     def delete(self, keys: np.ndarray) -> None:
         keys = _inputs.check_keys(f"table {self._name!r}", keys)
-        with self._writer:
+        with self._writable():
             status = _LIB.rs_table_delete(self._handle, _address(keys), keys.size)
         _check(status, f"delete from table {self._name!r}")
+
+    def _writable(self) -> threading.Lock:
+        if self._writer is None:
+            raise InternalError(f"table {self._name!r} is read-only here: a worker process reads the "
+                                "leader's table; the leader applies every update")
+        return self._writer
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         capacity = len(self)

@@ -11,8 +11,6 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 
-from prometheus_client.parser import text_string_to_metric_families
-
 __all__ = ["StageTotals", "scrape", "stage_means"]
 
 # (stage, "sum" | "count") -> value, summed over the selected models
@@ -31,6 +29,11 @@ def scrape(metrics_url: str, model: str, timeout: float = 5.0) -> StageTotals | 
         return None
     totals: defaultdict[str, defaultdict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     found = False
+    # Imported here: importing prometheus_client fixes its value storage for the process,
+    # and `recserve serve --workers` must set PROMETHEUS_MULTIPROC_DIR first (the CLI builds
+    # this module's parser before it knows the command).
+    from prometheus_client.parser import text_string_to_metric_families
+
     for family in text_string_to_metric_families(text):
         if family.name not in _FAMILIES:
             continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from recserve.errors import ModelNotReadyError
@@ -60,8 +61,11 @@ class _Lease(Generic[S]):
 
 
 class ServableManager(Generic[S]):
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, on_swap: Callable[[S | None], None] | None = None) -> None:
         self._model_name = model_name
+        # Told of every servable swapped in, after the swap (the leader of worker processes
+        # hands it to the workers, leasing it once per worker).
+        self._on_swap = on_swap
         self._lock = threading.Lock()
         self._current: _Handle[S] | None = None
         self._retired: queue.SimpleQueue[S | None] = queue.SimpleQueue()
@@ -114,3 +118,5 @@ class ServableManager(Generic[S]):
                 close_now = old.leases == 0
         if old is not None and close_now:
             self._retired.put(old.servable)
+        if self._on_swap is not None:
+            self._on_swap(servable)

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ class Processor:
     def __init__(
         self, config: str | bytes | Mapping[str, Any] | ProcessorConfig, *, model_name: str = "default",
         progress: LoadProgress | None = None,
+        on_swap: Callable[[Processor, Servable | None], None] | None = None,
     ) -> None:
         self.config = config if isinstance(config, ProcessorConfig) else parse_config(config)
         # Given by a caller that reports a first load while this constructor runs (the server).
@@ -55,7 +56,9 @@ class Processor:
         # OpenMP runtimes read these when they load, so they go first (DeepRec's omp fields).
         apply_thread_environment(self.config.env_overrides())
         self.model_name = model_name
-        self._manager: ServableManager[Servable] = ServableManager(model_name)
+        # on_swap: the leader of worker processes hands each new version to its workers.
+        self._manager: ServableManager[Servable] = ServableManager(
+            model_name, None if on_swap is None else lambda servable: on_swap(self, servable))
         self._storage = storage_for(self.config)
         self._state_lock = threading.Lock()
         self._closed = False
@@ -116,6 +119,21 @@ class Processor:
     def _build(self, checkpoint: Checkpoint) -> Servable:
         return Servable.load(self._model, checkpoint, self.config, placed=self._placed, model_name=self.model_name,
                              progress=self.progress.advance)
+
+    @property
+    def model_dir(self) -> str:
+        """The local directory the graph is read from (savedmodel_dir, or its local copy)."""
+        return self._model_copy or self.config.savedmodel_dir
+
+    @property
+    def placed(self) -> PlacedModel | None:
+        return self._placed
+
+    def hold(self) -> tuple[Servable, Any]:
+        """The current servable and a lease on it that outlives this call: release it with
+        `lease.__exit__(None, None, None)` (the leader holds one per worker process)."""
+        lease = self._manager.acquire()
+        return lease.__enter__(), lease
 
     def load_version(self, name: str | None) -> dict[str, Any]:
         """Serve full version `name` (a directory under checkpoint_dir) and its deltas from now

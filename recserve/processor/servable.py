@@ -127,6 +127,11 @@ class Servable:
     # Request layout (the native parser's) -> its route; see request_route. Filled as
     # layouts arrive; races only cost a rebuild.
     routes: dict[bytes, RequestRoute] = field(default_factory=dict)
+    # The version's dense parameters (what the sessions were built with): worker processes
+    # build their own sessions from them.
+    dense_overrides: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # Called once close() is done (a worker tells the leader it let go of the version).
+    on_close: Callable[[], None] | None = None
 
     @classmethod
     def load(
@@ -138,7 +143,10 @@ class Servable:
         placed: PlacedModel | None = None,
         model_name: str = "default",
         progress: Callable[[int], None] | None = None,
+        tables: Mapping[str, EmbeddingTable] | None = None,
     ) -> Servable:
+        """Build the version; with `tables`, serve those (a worker process: the leader's
+        tables in the shared arena) instead of building them from the checkpoint."""
         redis: RedisTableSet | None = None
         if config.uses_redis:
             if placed is not None:
@@ -150,7 +158,7 @@ class Servable:
                 model.spec.embeddings, checkpoint, config, model_name, reload=checkpoint.with_tables
             )
         try:
-            return cls._load(model, checkpoint, config, placed, redis, model_name, progress)
+            return cls._load(model, checkpoint, config, placed, redis, model_name, progress, tables)
         except BaseException:
             if redis is not None:
                 redis.close()
@@ -166,17 +174,20 @@ class Servable:
         redis: RedisTableSet | None,
         model_name: str,
         progress: Callable[[int], None] | None = None,
+        given: Mapping[str, EmbeddingTable] | None = None,
     ) -> Servable:
+        tables: Mapping[str, Any]
         if redis is not None:
-            tables: Mapping[str, Any] = redis.tables
+            tables = redis.tables
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         elif placed is None:
-            tables = build_tables(model.spec.embeddings, checkpoint, config, model_name, progress)
+            tables = given if given is not None else build_tables(
+                model.spec.embeddings, checkpoint, config, model_name, progress)
             sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         else:
-            tables = placed_tables(placed, checkpoint)
+            tables = given if given is not None else placed_tables(placed, checkpoint)
             sessions = SessionGroup(placed.dense_model_path, config, dense_overrides=checkpoint.dense)
             bindings = placed_bindings(placed)
             if bindings is not None:
@@ -216,6 +227,7 @@ class Servable:
             plans=plans,
             placed=PlacedInputs(placed) if placed is not None else None,
             redis=redis,
+            dense_overrides=checkpoint.dense,
         )
 
     def process(self, data: bytes, trace: RequestTrace) -> bytes:
@@ -331,3 +343,5 @@ class Servable:
         else:
             for table in self.tables.values():
                 table.close()  # a tiered table's files go with it
+        if self.on_close is not None:
+            self.on_close()

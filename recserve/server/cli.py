@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
+import tempfile
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -16,9 +19,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.workers != "1" and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Before prometheus_client is imported: every process's metrics go to files there,
+        # and /metrics on any worker sums them all.
+        metrics_dir = tempfile.mkdtemp(prefix="recserve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    else:
+        metrics_dir = None
     from recserve.server import serve
 
-    return serve(args.config, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
+    try:
+        return serve(args.config, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                     workers=args.workers)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def _perf(args: argparse.Namespace) -> int:
@@ -55,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--http-port", type=int, default=8080)
     serve.add_argument("--grpc-port", type=int, default=8500)
+    serve.add_argument("--workers", default=os.environ.get("RECSERVE_WORKERS", "1"),
+                       help="worker processes sharing one copy of the tables: N or 'auto' (one per usable CPU "
+                            "divided by intra_op_parallelism_threads); 1 = one process (default; env RECSERVE_WORKERS)")
     serve.set_defaults(run=_serve)
 
     perf = sub.add_parser("perf", help="load-test a deployment: req/s and latency per batch and concurrency")

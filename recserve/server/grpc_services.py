@@ -219,7 +219,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
 WATCH_HEADROOM = 64
 
 
-def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int) -> grpc.Server:
+def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int,
+                      reuse_port: bool = False) -> grpc.Server:
     """A started-later gRPC server bound to host:port (RuntimeError if the port is taken)."""
     limit = ctx.settings.max_request_bytes
     # Admission for gRPC: calls beyond the workers plus every model's max_queued_requests
@@ -231,7 +232,8 @@ def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int)
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),  # a taken port is an error, not a shared one
+            # A taken port is an error, not a shared one; worker processes share theirs.
+            ("grpc.so_reuseport", int(reuse_port)),
         ],
     )
     server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(),))

@@ -9,11 +9,13 @@ when model_info() reports them under "tables" ({table: {rows, lookups, hits}}). 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from recserve.processor.trace import STAGES, RequestTrace
@@ -56,6 +58,13 @@ class ServerMetrics:
                                           registry=self.registry)
         self.registry.register(ModelCollector(models))
         self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # Worker processes (PROMETHEUS_MULTIPROC_DIR set by `recserve serve --workers`): the
+        # counters and histograms of every process, read from their files, plus the models.
+        self._pool_registry: CollectorRegistry | None = None
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self._pool_registry = CollectorRegistry()
+            MultiProcessCollector(self._pool_registry)
+            self._pool_registry.register(ModelCollector(models))
 
     def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace) -> None:
         if status != 200:
@@ -84,7 +93,7 @@ class ServerMetrics:
             batch.observe(trace.batch_size)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._pool_registry or self.registry)
 
 
 class ModelCollector(Collector):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from recserve.config import ProcessorConfig
 from recserve.errors import ModelNotReadyError, RecserveError, RequestError
@@ -31,12 +31,33 @@ log = logging.getLogger("recserve.server")
 LoadState = Literal["loading", "loaded", "failed"]
 
 
+class PoolLink(Protocol):
+    """A worker process's line to the leader (recserve.server.workers): what acts on the pool."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def start_recording(self, model: str, limit: int) -> None: ...
+
+    def save_recording(self, model: str, path: str) -> dict[str, Any]: ...
+
+
+ProcessorFactory = Callable[["ModelEntry"], Processor]
+
+
+def _own_processor(entry: ModelEntry) -> Processor:
+    return Processor(entry.config, model_name=entry.name, progress=entry.progress)
+
+
 class ModelEntry:
     """One configured model. Thread-safe; `_swap_lock` serializes load and close."""
 
-    def __init__(self, name: str, config: ProcessorConfig) -> None:
+    def __init__(self, name: str, config: ProcessorConfig, make_processor: ProcessorFactory = _own_processor,
+                 pool: PoolLink | None = None) -> None:
         self.name = name
         self.config = config
+        self._make_processor = make_processor
+        self._pool = pool
         self.state: LoadState = "loading"
         self.last_error: str | None = None
         self.timeline = TimelineSelector.from_config(config)
@@ -52,8 +73,19 @@ class ModelEntry:
 
     def start_recording(self, limit: int) -> None:
         """Keep a uniform sample of up to `limit` PredictRequests answered 200 from now on
-        (a sample already being kept is dropped)."""
+        (a sample already being kept is dropped); in a worker process, on every worker."""
+        if self._pool is not None:
+            self._pool.start_recording(self.name, limit)
+        else:
+            self.begin_local_recording(limit)
+
+    def begin_local_recording(self, limit: int) -> None:
         self._recorder = WarmupRecorder(limit)
+
+    def collect_local_recording(self) -> tuple[list[bytes], int] | None:
+        """This process's sample and the requests it saw, recording stopped; None if not recording."""
+        recorder, self._recorder = self._recorder, None
+        return None if recorder is None else (recorder.requests(), recorder.seen)
 
     def record(self, payload: bytes) -> None:
         """A PredictRequest the model answered 200 (EAS HTTP and gRPC); kept while recording."""
@@ -63,6 +95,8 @@ class ModelEntry:
 
     def save_recording(self, path: str) -> dict[str, Any]:
         """Write the sample as a warmup file at `path` and stop recording."""
+        if self._pool is not None:
+            return self._pool.save_recording(self.name, path)
         recorder = self._recorder
         if recorder is None:
             raise ConflictError(
@@ -99,7 +133,7 @@ class ModelEntry:
         """Build the model's processor and serve it; raises RecserveError on failure."""
         with self._swap_lock:
             try:
-                processor = Processor(self.config, model_name=self.name, progress=self.progress)
+                processor = self._make_processor(self)
             except RecserveError as exc:
                 self.load_counts["error"] += 1
                 self.last_error = exc.message
@@ -126,8 +160,10 @@ class ModelEntry:
 class ModelRegistry:
     """Every model of the config, by name, in config order. Thread-safe."""
 
-    def __init__(self, models: Sequence[tuple[str, ProcessorConfig]]) -> None:
-        self.entries = {name: ModelEntry(name, config) for name, config in models}
+    def __init__(self, models: Sequence[tuple[str, ProcessorConfig]], *,
+                 make_processor: ProcessorFactory = _own_processor, pool: PoolLink | None = None) -> None:
+        self.entries = {name: ModelEntry(name, config, make_processor, pool) for name, config in models}
+        self._pool = pool
         self._closing = threading.Event()
         self._loaders: list[threading.Thread] = []
 
@@ -155,6 +191,11 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
+        """Every model loaded, not draining, and in a worker process: the whole pool ready."""
+        return self.locally_ready and (self._pool is None or self._pool.ready)
+
+    @property
+    def locally_ready(self) -> bool:
         return not self._closing.is_set() and all(e.ready for e in self.entries.values())
 
     def start(self) -> None:

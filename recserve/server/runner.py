@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +24,7 @@ import grpc
 import uvicorn
 import uvloop
 
-from recserve.config import parse_model_configs
+from recserve.config import ProcessorConfig, parse_model_configs
 from recserve.errors import RecserveError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
@@ -35,6 +35,7 @@ from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelRegistry
 from recserve.server.settings import ServerSettings
+from recserve.server.worker_count import worker_count
 
 __all__ = ["GRACE_SECONDS", "serve"]
 
@@ -55,10 +56,12 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # worker processes: one listener each, the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     # Accepted connections inherit TCP_NODELAY (Linux). uvicorn writes a response's
     # headers and body separately; with Nagle the body waits for the client's delayed
     # ACK, ~40 ms per request.
@@ -73,21 +76,35 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config_path: str, *, host: str = "127.0.0.1", http_port: int = 8080, grpc_port: int = 8500) -> int:
+def serve(config_path: str, *, host: str = "127.0.0.1", http_port: int = 8080, grpc_port: int = 8500,
+          workers: int | str = 1) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit code (0 after a graceful stop).
-    Raises RecserveError (ConfigError, ...) when the config or a port is unusable."""
+    Raises RecserveError (ConfigError, ...) when the config or a port is unusable.
+    workers: N or "auto" worker processes sharing one copy of the tables (DESIGN §9)."""
     configs = parse_model_configs(Path(config_path))
+    count = worker_count(workers, [c for _, c in configs])
+    if count > 1:
+        from recserve.server.workers import serve_pool
+
+        return serve_pool(configs, count, host=host, http_port=http_port, grpc_port=grpc_port)
+    return run_server(configs, ModelRegistry(configs), host=host, http_port=http_port, grpc_port=grpc_port)
+
+
+def run_server(
+    configs: Sequence[tuple[str, ProcessorConfig]], models: ModelRegistry, *, host: str, http_port: int,
+    grpc_port: int, reuse_port: bool = False,
+) -> int:
+    """Serve `models` on both ports until SIGTERM/SIGINT (one process, or one worker of a pool)."""
     settings = ServerSettings.resolve([c for _, c in configs])
-    models = ModelRegistry(configs)
     metrics = ServerMetrics(models)
     workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="recserve-http")
     inline = InlinePolicy(settings.inline_max_bytes, settings.inline_max_ms / 1000)
     ctx = ServerContext(models=models, dispatcher=Dispatcher(models, metrics), metrics=metrics,
                         settings=settings, workers=workers, inline=inline)
 
-    http_socket = _listen(host, http_port)
+    http_socket = _listen(host, http_port, reuse_port=reuse_port)
     try:
-        grpc_server = build_grpc_server(ctx, host, grpc_port, workers=WORKERS)
+        grpc_server = build_grpc_server(ctx, host, grpc_port, workers=WORKERS, reuse_port=reuse_port)
     except RuntimeError as exc:
         http_socket.close()
         raise RecserveError(f"cannot listen for gRPC on {host}:{grpc_port}: {exc}") from exc

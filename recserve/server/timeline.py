@@ -98,7 +98,8 @@ def chrome_trace(model: str, step: int, trace: RequestTrace) -> dict[str, Any]:
 
 
 def timeline_name(model: str, step: int) -> str:
-    return f"timeline-{model}-step{step}.json"
+    worker = os.environ.get("RECSERVE_WORKER_INDEX")  # worker processes each write their own
+    return f"timeline-{model}-step{step}.json" if worker is None else f"timeline-{model}-w{worker}-step{step}.json"
 
 
 def write_timeline(config: ProcessorConfig, model: str, step: int, trace: RequestTrace) -> str:
