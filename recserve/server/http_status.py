@@ -44,7 +44,7 @@ def model_status(entry: ModelEntry) -> dict[str, Any]:
     """Listing entry: load state plus the processor's model_info (secrets never in it)."""
     processor = entry.processor
     info = processor.model_info() if processor is not None else {}
-    return {
+    status = {
         "name": entry.name,
         "state": "READY" if entry.ready else ("UNAVAILABLE" if entry.state == "failed" else "LOADING"),
         "ready": entry.ready,
@@ -54,8 +54,12 @@ def model_status(entry: ModelEntry) -> dict[str, Any]:
         "pinned_version": info.get("pinned_version"),
         "delta_step": info.get("delta_step"),
         "last_error": entry.last_error or info.get("last_error"),
-        "load": entry.progress.snapshot(),  # a version loading now: percent, rate, ETA
+        # A version loading now: percent, rate, ETA (in a worker process: the leader's load).
+        "load": info["load"] if "load" in info else entry.progress.snapshot(),
     }
+    if "worker" in info:
+        status["worker"] = info["worker"]  # which worker process answered
+    return status
 
 
 def status_router(ctx: ServerContext) -> APIRouter:

@@ -55,14 +55,14 @@ class RunningServer:
 
 
 def start_server(config_path: Path, log_dir: Path, *, env: dict[str, str] | None = None,
-                 wait_ready: bool = True) -> RunningServer:
+                 wait_ready: bool = True, workers: int | str = 1) -> RunningServer:
     http_port, grpc_port = free_port(), free_port()
     log_path = log_dir / f"server-{http_port}.log"
     full_env = {**os.environ, **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "recserve.server.cli", "serve", "--config", str(config_path),
-             "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
+             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--workers", str(workers)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env,
         )
     server = RunningServer(process, http_port, grpc_port, log_path)

@@ -53,6 +53,7 @@ class _Worker:
     pid: int
     channel: Channel
     leases: dict[int, Any] = field(default_factory=dict)   # token -> lease on a leader servable
+    offered: dict[str, int] = field(default_factory=dict)  # model -> token of the newest version sent
     serving: dict[str, int] = field(default_factory=dict)  # model -> token it serves
     ready: bool = False
 
@@ -81,7 +82,6 @@ class Leader:
         self._workers: dict[int, _Worker] = {}      # by pid, once it said hello
         self._pids: dict[int, int] = {}             # slot index -> pid of its live process
         self._tokens = itertools.count(1)
-        self._published: dict[str, int] = {}        # model -> token of its newest version
         self._stopping = threading.Event()
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         self.registry = registry_factory(self.publish)
@@ -104,7 +104,7 @@ class Leader:
         except RecserveError:
             return  # nothing serving (yet)
         token = next(self._tokens)
-        self._published[processor.model_name] = token
+        worker.offered[processor.model_name] = token
         worker.leases[token] = lease
         try:
             worker.channel.send("serve", token=token, descriptor=ServableDescriptor.of(processor, servable))
@@ -189,8 +189,7 @@ class Leader:
         for whichever worker the next request reaches."""
         deadline = time.monotonic() + _SERVING_WAIT_SECONDS
         while time.monotonic() < deadline:
-            token = self._published.get(model)
-            if all(w.serving.get(model) == token for w in self._live()):
+            if all(w.serving.get(model) == w.offered.get(model) for w in self._live()):
                 return
             time.sleep(0.02)
         log.warning("pool: model %r: not every worker serves the pinned version after %.0f s",

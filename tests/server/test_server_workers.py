@@ -1,0 +1,242 @@
+"""`recserve serve --workers 2` as a real process tree (leader, zygote, two workers) on
+real sockets: answers equal the in-process Processor's on every worker, updates and pins
+reach every worker, a killed worker is replaced while the other keeps answering, SIGTERM
+loses no accepted request, and a dead leader leaves no process behind (DESIGN §9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from recserve import Processor
+from recserve.export import write_checkpoint, write_delta
+from recserve.export.demo import demo_tables, write_demo
+from recserve.model_store.checkpoint import TableData
+from recserve.wire.codec import decode_response, encode_request
+
+pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
+                                reason="worker processes share tables through the native engine")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def worker_pids(leader: int) -> list[int]:
+    """The leader's one child is the zygote; the workers are the zygote's children."""
+    return [w for zygote in children(leader) for w in children(zygote)]
+
+
+def workers_seen(url: str, tries: int = 200) -> set[int]:
+    """Which workers answer `GET /models`, each on a fresh connection (the kernel spreads them)."""
+    seen = set()
+    for _ in range(tries):
+        seen.add(httpx.get(f"{url}/models", timeout=10).json()["models"][0]["worker"])
+        if len(seen) == 2:
+            break
+    return seen
+
+
+def answers(url: str, body: bytes, count: int) -> list[np.ndarray]:
+    out = []
+    for _ in range(count):
+        response = httpx.post(f"{url}/api/predict/default", content=body, timeout=30)  # a fresh connection each
+        assert response.status_code == 200, response.text
+        out.append(decode_response(response.content)["probabilities"])
+    return out
+
+
+@pytest.fixture
+def pool_demo(tmp_path: Path):
+    """A demo of its own (the tests write versions into it), polled every 0.2 s."""
+    demo = write_demo(tmp_path / "demo")
+    config = {**demo.config(), "model_update_interval_seconds": 0.2}
+    return demo, config
+
+
+def test_every_worker_answers_like_the_processor(launch, demo, demo_processor):
+    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    assert workers_seen(running.url) == {0, 1}
+    inputs = demo.sample_inputs(64, np.random.default_rng(5))
+    body = encode_request(inputs, output_filter=["probabilities"])
+    expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
+    for got in answers(running.url, body, 40):
+        np.testing.assert_array_equal(got, expected)
+    assert len(worker_pids(running.process.pid)) == 2
+    metrics = httpx.get(f"{running.url}/metrics", timeout=10).text
+    # /metrics on one worker counts every worker's requests (41+: the loop above and more).
+    total = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith('recserve_requests_total{code="200"'))
+    assert total >= 40, metrics
+
+
+def test_updates_and_pins_reach_every_worker(launch, pool_demo):
+    demo, config = pool_demo
+    running = launch(config, workers=2)
+    inputs = demo.sample_inputs(32, np.random.default_rng(6))
+    body = encode_request(inputs, output_filter=["probabilities"])
+
+    def reference() -> np.ndarray:
+        processor = Processor(config)
+        try:
+            return processor.predict(inputs, ["probabilities"])["probabilities"]
+        finally:
+            processor.close()
+
+    def settles_on(expected: np.ndarray, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(np.array_equal(got, expected) for got in answers(running.url, body, 20)):
+                return
+            time.sleep(0.2)
+        pytest.fail(f"workers did not all serve {what}:\n{running.log()}")
+
+    before = reference()
+    # A delta changing every row of the user table: the leader writes the shared rows once.
+    tables = demo_tables()
+    user = tables["user"]
+    write_delta(demo.version_dir, {"user": TableData(user.keys, user.values * -2.0)}, global_step=2)
+    after_delta = reference()
+    assert not np.array_equal(before, after_delta)
+    settles_on(after_delta, "the delta")
+
+    # A new full version with other rows: built once, every worker switches.
+    write_checkpoint(demo.checkpoint_dir, {name: TableData(t.keys, t.values * 0.5) for name, t in tables.items()},
+                     global_step=10)
+    shutil.rmtree(demo.version_dir / ".incremental_ckpt", ignore_errors=True)
+    version_10 = reference()
+    settles_on(version_10, "version 10")
+    assert {m["version"] for m in (httpx.get(f"{running.url}/models").json()["models"][0] for _ in range(10))} == {"10"}
+
+    # An admin pin answered by one worker holds for every worker as soon as it returns.
+    response = httpx.post(f"{running.url}/admin/models/default/pin", json={"version": "1"}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["version"] == "1"
+    shutil.move(demo.checkpoint_dir / "10", demo.root / "v10")  # the reference sees version 1 again
+    pinned = reference()
+    for got in answers(running.url, body, 20):
+        np.testing.assert_array_equal(got, pinned)
+
+
+def test_killed_worker_is_replaced_while_the_other_answers(launch, demo, demo_processor):
+    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    inputs = demo.sample_inputs(8, np.random.default_rng(7))
+    body = encode_request(inputs, output_filter=["probabilities"])
+    expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
+    results: list[bool] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=10) as client:
+            while not stop.is_set():
+                try:
+                    response = client.post(f"{running.url}/api/predict/default", content=body)
+                    results.append(response.status_code == 200 and np.array_equal(
+                        decode_response(response.content)["probabilities"], expected))
+                except httpx.TransportError:
+                    results.append(False)  # its connection was on the killed worker
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    victim = worker_pids(running.process.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    replaced = None
+    while time.monotonic() - killed_at < 10:
+        pids = worker_pids(running.process.pid)
+        if len(pids) == 2 and victim not in pids and httpx.get(f"{running.url}/v2/health/ready").status_code == 200:
+            replaced = time.monotonic() - killed_at
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert replaced is not None, running.log()
+    failed = results.count(False)
+    assert len(results) > 200 and failed <= 0.01 * len(results), (failed, len(results))
+    log = running.log()
+    assert f"(pid {victim}) exited (killed by SIGKILL); restarting it" in log
+    assert "recserve_worker_restarts_total 1.0" in httpx.get(f"{running.url}/metrics").text
+
+
+def test_sigterm_drains_every_worker_and_exits_0(launch, demo, demo_processor):
+    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    inputs = demo.sample_inputs(1024, np.random.default_rng(8))
+    body = encode_request(inputs, output_filter=["probabilities"])
+    expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
+    release = threading.Event()
+
+    def held_body():
+        yield body[: len(body) // 2]
+        release.wait()
+        yield body[len(body) // 2:]
+
+    results: list[httpx.Response] = []
+    # Half-sent requests on fresh connections: the kernel puts them on both workers.
+    threads = [threading.Thread(target=lambda: results.append(
+        httpx.post(f"{running.url}/api/predict/default", content=held_body(), timeout=30))) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # both workers have read the headers and half the bodies
+    workers = worker_pids(running.process.pid)
+    running.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert running.process.wait(60) == 0, running.log()
+    assert len(results) == 6
+    for response in results:
+        assert response.status_code == 200, response.text
+        np.testing.assert_array_equal(decode_response(response.content)["probabilities"], expected)
+    assert all(not Path(f"/proc/{pid}").exists() for pid in workers)
+    assert running.log().count("recserve stopped") == 3  # two workers, then the leader
+
+
+def test_a_dead_leader_leaves_no_process_behind(launch, demo):
+    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    tree = children(running.process.pid) + worker_pids(running.process.pid)
+    assert len(tree) == 3
+    running.process.send_signal(signal.SIGKILL)
+    running.process.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}/stat").exists() and
+                                              Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+                                              for pid in tree):
+        time.sleep(0.05)
+    alive = [pid for pid in tree if Path(f"/proc/{pid}/stat").exists()
+             and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+    assert alive == []
+
+
+def test_pool_refuses_what_it_cannot_share(tmp_path, demo):
+    import subprocess
+    import sys
+
+    config = {**json.loads(demo.config_path.read_text()), "ev_storage_type": 12,
+              "ev_storage_path": str(tmp_path / "ssd"), "ev_storage_size": [1 << 20, 1 << 30]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    for workers, message in ((2, "keeps its tables on DRAM + SSD tiers (ev_storage_type 12): worker processes "
+                                 "share in-memory tables only so far; serve it with --workers 1"),
+                             (0, "--workers must be a positive integer or 'auto', got '0'")):
+        done = subprocess.run([sys.executable, "-m", "recserve.server.cli", "serve", "--config", str(path),
+                               "--workers", str(workers)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr
