@@ -6,10 +6,7 @@ doors under abuse")."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, wrk
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -38,51 +36,12 @@ answered-200 requests/s, 503s/s and client timeouts (wrk --timeout 5s); 8 s per 
 CPU_SECONDS, OVERLOAD_SECONDS = 5, 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _wrk(url: str, script: Path, *, threads: int, connections: int, seconds: int) -> dict[str, float]:
-    out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "--latency",
-         "-s", str(script), url], capture_output=True, text=True, check=True).stdout
-    done = re.search(r"(\d+) requests in ([\d.]+)(ms|s|m)\b", out)
-    assert done is not None, out
-    elapsed = float(done.group(2)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[done.group(3)]
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    timeouts = re.search(r"timeout (\d+)", out)
-
-    def ms(label: str) -> float:
-        value = re.search(rf"{label}%\s+([\d.]+)(us|ms|s)", out)
-        assert value is not None, out
-        return float(value.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[value.group(2)]
-
-    return {"requests": int(done.group(1)), "seconds": elapsed, "non2xx": int(non2xx.group(1)) if non2xx else 0,
-            "timeouts": int(timeouts.group(1)) if timeouts else 0, "p50_ms": ms("50"), "p99_ms": ms("99")}
-
-
-def _post_script(directory: Path, body: bytes, name: str) -> Path:
-    (directory / f"{name}.bin").write_bytes(body)
-    script = directory / f"{name}.lua"
-    script.write_text(f'wrk.method = "POST"\nlocal f = io.open("{directory / name}.bin", "rb")\n'
-                      'wrk.body = f:read("*all")\nf:close()\n'
-                      'wrk.headers["Content-Type"] = "application/octet-stream"\n')
-    return script
-
-
 def run() -> list[Row]:
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk is not installed: make bench installs it (apt-get install wrk)")
     root = Path(tempfile.mkdtemp(prefix="recserve-bench-frontdoor-"))
     demo = write_demo(root / "demo")
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
          str(demo.config_path), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
@@ -100,11 +59,11 @@ def run() -> list[Row]:
         processor = Processor(json.loads(demo.config_path.read_text()))
         for batch, goal in ((1, 0.75), (64, 0.85)):
             body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))
-            script = _post_script(root, body, f"b{batch}")
-            _wrk(url, script, threads=1, connections=16, seconds=2)
-            before = _server_cpu(server.pid)
-            result = _wrk(url, script, threads=1, connections=16, seconds=CPU_SECONDS)
-            server_us = (_server_cpu(server.pid) - before) / result["requests"] * 1e6
+            script = post_script(root, body, f"b{batch}")
+            wrk(url, script, threads=1, connections=16, seconds=2)
+            before = tree_cpu_seconds(server.pid)
+            result = wrk(url, script, threads=1, connections=16, seconds=CPU_SECONDS)
+            server_us = (tree_cpu_seconds(server.pid) - before) / result["requests"] * 1e6
             started = time.process_time()
             for _ in range(2000):
                 processor.process(body)
@@ -116,11 +75,11 @@ def run() -> list[Row]:
                 f"server {server_us:.0f} us", f"Processor.process {inproc_us:.0f} us", ratio, f">= {goal}", ratio >= goal))
         processor.close()
         body = encode_request(demo.sample_inputs(256, np.random.default_rng(256)))
-        script = _post_script(root, body, "b256")
-        _wrk(url, script, threads=2, connections=64, seconds=2)
+        script = post_script(root, body, "b256")
+        wrk(url, script, threads=2, connections=64, seconds=2)
         best: dict[int, dict[str, float]] = {}
         for connections in (64, 512, 64, 512):
-            r = _wrk(url, script, threads=2, connections=connections, seconds=OVERLOAD_SECONDS)
+            r = wrk(url, script, threads=2, connections=connections, seconds=OVERLOAD_SECONDS)
             if connections not in best or r["p99_ms"] < best[connections]["p99_ms"]:
                 best[connections] = r
         low, high = best[64], best[512]

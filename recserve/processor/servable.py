@@ -132,6 +132,9 @@ class Servable:
     dense_overrides: Mapping[str, np.ndarray] = field(default_factory=dict)
     # Called once close() is done (a worker tells the leader it let go of the version).
     on_close: Callable[[], None] | None = None
+    # Called after each delta is applied (the leader of worker processes tells the workers
+    # which keys changed in Redis, so they drop them from their caches).
+    on_delta: Callable[[Checkpoint], None] | None = None
 
     @classmethod
     def load(
@@ -326,9 +329,10 @@ class Servable:
     def apply_delta(self, delta: Checkpoint) -> int:
         """A delta's rows and deletions, in place (the updater checked it fits this version);
         returns the rows changed."""
-        if self.redis is not None:
-            return self.redis.apply_delta(delta, apply_delta)
-        return apply_delta(self.tables, delta)
+        changed = self.redis.apply_delta(delta, apply_delta) if self.redis is not None else apply_delta(self.tables, delta)
+        if self.on_delta is not None:
+            self.on_delta(delta)
+        return changed
 
     def _lookup_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
         # A placed Gather's ids may have any rank: look them up flat, give ids.shape + [dim].

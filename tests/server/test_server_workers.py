@@ -240,3 +240,31 @@ def test_pool_refuses_what_it_cannot_share(tmp_path, demo):
                                "--workers", str(workers)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
         assert message in done.stderr
+
+
+def test_workers_serve_redis_tables_as_replicas(launch, pool_demo, redis_server):
+    """Tables in Redis are not shared memory: the leader imports the version and writes
+    deltas once; each worker reads Redis with its own cache and follows the update stream."""
+    demo, config = pool_demo
+    config = {**config, "feature_store_type": "redis", "redis_url": redis_server.url}
+    running = launch(config, workers=2)
+    inputs = demo.sample_inputs(32, np.random.default_rng(9))
+    body = encode_request(inputs, output_filter=["probabilities"])
+    processor = Processor(config)
+    try:
+        expected = processor.predict(inputs, ["probabilities"])["probabilities"]
+        for got in answers(running.url, body, 20):
+            np.testing.assert_array_equal(got, expected)
+        user = demo_tables()["user"]
+        write_delta(demo.version_dir, {"user": TableData(user.keys, user.values * 3.0)}, global_step=2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            after = processor.predict(inputs, ["probabilities"])["probabilities"]
+            if not np.array_equal(after, expected) and all(
+                    np.array_equal(got, after) for got in answers(running.url, body, 20)):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the delta did not reach every worker:\n{running.log()}")
+    finally:
+        processor.close()

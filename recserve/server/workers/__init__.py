@@ -3,7 +3,8 @@
 The leader reserves the shared arena and forks a zygote before it starts a thread; the
 zygote forks the workers; the leader then loads every model into the arena and hands each
 version to the workers (leader.py), which serve it over HTTP and gRPC on shared ports
-(follower.py). Tables on an SSD tier or in Redis are not shared between processes yet.
+(follower.py). Tables in Redis are read by every worker as by any replica (a local cache
+each); tables on DRAM + SSD tiers cannot be shared between processes yet.
 """
 
 from __future__ import annotations
@@ -28,10 +29,6 @@ log = logging.getLogger("recserve.server")
 
 def check_supported(configs: Sequence[tuple[str, ProcessorConfig]]) -> None:
     for name, config in configs:
-        if config.uses_redis:
-            raise ConfigError(
-                f"model {name!r} keeps its tables in Redis (feature_store_type redis): worker processes "
-                "share in-memory tables only so far; serve it with --workers 1", field="workers")
         if config.ev_storage_type == 12:
             raise ConfigError(
                 f"model {name!r} keeps its tables on DRAM + SSD tiers (ev_storage_type 12): worker "

@@ -1,7 +1,8 @@
 """What a worker needs to serve the leader's version: names, paths and table handles.
 
 The leader built the version's tables in the shared arena; a worker attaches them by handle
-(no copy of a row) and builds only what is its own: ONNX Runtime sessions, from the same
+(no copy of a row; tables in Redis: the worker reads Redis as any replica does, its cache
+its own) and builds only what is its own: ONNX Runtime sessions, from the same
 model directory and the version's dense parameters, then runs the warmup on them.
 """
 
@@ -59,12 +60,15 @@ class ServableDescriptor:
             model_dir=processor.model_dir,
             placed=placed,
             dense=dict(servable.dense_overrides),
-            tables=tuple(SharedTable(name, t.dim, t.default, t.handle) for name, t in servable.tables.items()),
+            # Tables in Redis are not shared memory: each worker serves them as a replica does.
+            tables=() if servable.redis is not None else tuple(
+                SharedTable(name, t.dim, t.default, t.handle) for name, t in servable.tables.items()),
         )
 
     def build(self, config: ProcessorConfig) -> Servable:
         """This process's servable of the version, over the leader's tables."""
-        tables = {t.name: EmbeddingTable.attach(t.name, t.dim, t.default, t.handle) for t in self.tables}
+        tables = None if config.uses_redis else {
+            t.name: EmbeddingTable.attach(t.name, t.dim, t.default, t.handle) for t in self.tables}
         checkpoint = Checkpoint(VersionRef(self.version, "", self.global_step),
                                 Manifest("full", self.global_step, {}), {}, dict(self.dense))
         model = load_model_dir(LocalStorage(), self.model_dir)

@@ -69,6 +69,10 @@ class PoolClient:
         elif kind == "info":
             self._info = fields["models"]
             self._pool_ready = fields["pool_ready"]
+        elif kind == "invalidate":
+            follower = self._followers.get(fields["model"])
+            if follower is not None:
+                follower.invalidate(fields["version"], fields["tables"])
         elif kind == "record_start" and self._registry is not None:
             self._registry.get(fields["model"]).begin_local_recording(fields["limit"])
 
@@ -186,6 +190,16 @@ class FollowerProcessor(Processor):
         self._manager.swap(servable)
         self._first.set()
         self._pool.serving(token, self.model_name, descriptor.version)
+
+    def invalidate(self, version: str, tables: dict[str, Any]) -> None:
+        """Drop keys a delta changed in Redis from this worker's caches of `version`."""
+        with self._manager.acquire() as servable:
+            if servable.version != version or servable.redis is None:
+                return
+            for name, keys in tables.items():
+                table = servable.redis.tables.get(name)
+                if table is not None:
+                    table.invalidation.delete(keys)
 
     def load_version(self, name: str | None) -> dict[str, Any]:
         return self._pool.pin(self.model_name, name)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from recserve.errors import RecserveError
@@ -94,9 +95,22 @@ class Leader:
         """on_swap of every model's processor: offer the new version to every worker."""
         if servable is None:
             return
+        if servable.redis is not None:
+            servable.on_delta = lambda delta: self._invalidate(processor.model_name, servable.version, delta)
         with self._lock:
             for worker in list(self._workers.values()):
                 self._offer(worker, processor)
+
+    def _invalidate(self, model: str, version: str, delta: Any) -> None:
+        """Rows in Redis changed by a delta: every worker drops those keys from its cache (a
+        worker is a replica that runs no updater of its own)."""
+        changed = {name: np.concatenate([data.keys] + ([data.deleted] if data.deleted is not None else []))
+                   for name, data in delta.tables.items()}
+        for worker in self._live():
+            try:
+                worker.channel.send("invalidate", model=model, version=version, tables=changed)
+            except ChannelClosed:
+                pass
 
     def _offer(self, worker: _Worker, processor: Processor) -> None:
         try:

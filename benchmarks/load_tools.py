@@ -1,0 +1,84 @@
+"""What the server benchmarks (and the worker memory test) share: free ports, wrk runs
+with a binary POST body, and the CPU and memory of a server's whole process tree."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+__all__ = ["free_port", "post_script", "process_tree", "tree_cpu_seconds", "tree_memory", "wrk"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (a worker pool: leader, zygote, workers)."""
+    try:
+        children = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+    return [pid] + [q for child in children for q in process_tree(child)]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of every thread of every process in the tree, so far."""
+    total = 0
+    for q in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{q}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def tree_memory(pid: int) -> dict[str, int]:
+    """Bytes summed over the tree from smaps_rollup: Pss (shared pages counted once in the
+    sum), Pss_Anon, Pss_Shmem (the shared arena), Rss."""
+    total = {"Pss": 0, "Pss_Anon": 0, "Pss_Shmem": 0, "Rss": 0}
+    for q in process_tree(pid):
+        try:
+            lines = Path(f"/proc/{q}/smaps_rollup").read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            key, value = line.split(":")
+            if key in total:
+                total[key] += int(value.split()[0]) * 1024
+    return total
+
+
+def wrk(url: str, script: Path, *, threads: int, connections: int, seconds: int) -> dict[str, float]:
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "--latency",
+         "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+    done = re.search(r"(\d+) requests in ([\d.]+)(ms|s|m)\b", out)
+    assert done is not None, out
+    elapsed = float(done.group(2)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[done.group(3)]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    timeouts = re.search(r"timeout (\d+)", out)
+
+    def ms(label: str) -> float:
+        value = re.search(rf"{label}%\s+([\d.]+)(us|ms|s)", out)
+        assert value is not None, out
+        return float(value.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[value.group(2)]
+
+    return {"requests": int(done.group(1)), "seconds": elapsed, "non2xx": int(non2xx.group(1)) if non2xx else 0,
+            "timeouts": int(timeouts.group(1)) if timeouts else 0, "p50_ms": ms("50"), "p99_ms": ms("99")}
+
+
+def post_script(directory: Path, body: bytes, name: str) -> Path:
+    """A wrk script POSTing `body` (kept in a file next to it) as application/octet-stream."""
+    (directory / f"{name}.bin").write_bytes(body)
+    script = directory / f"{name}.lua"
+    script.write_text(f'wrk.method = "POST"\nlocal f = io.open("{directory / name}.bin", "rb")\n'
+                      'wrk.body = f:read("*all")\nf:close()\n'
+                      'wrk.headers["Content-Type"] = "application/octet-stream"\n')
+    return script
