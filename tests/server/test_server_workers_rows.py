@@ -7,17 +7,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
-from recserve.export import write_checkpoint, write_delta, write_model_dir
-from recserve.model_spec import EmbeddingBinding, ModelSpec
+from recserve.export import write_delta
 from recserve.wire.codec import decode_response, encode_request
+from tests.server.conftest import write_rows_model
 
 pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
                                 reason="worker processes share tables through the native engine")
@@ -25,25 +22,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
 ROWS, DIM = 100_000, 16
 
 
-def rows_model(root: Path) -> dict[str, object]:
-    """A model that answers the looked-up rows themselves (Identity on the embedding)."""
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["emb"], ["row"])], "rows",
-        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["batch", DIM])],
-        [helper.make_tensor_value_info("row", TensorProto.FLOAT, ["batch", DIM])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    onnx.checker.check_model(model)
-    spec = ModelSpec(embeddings=(EmbeddingBinding(input="ids", table="t", dim=DIM, graph_input="emb"),))
-    model_dir = write_model_dir(root / "model", model, spec)
-    keys = np.arange(ROWS, dtype=np.int64)
-    write_checkpoint(root / "checkpoints", {"t": (keys, np.zeros((ROWS, DIM), np.float32))}, global_step=1)
-    return {"model_store_type": "local", "savedmodel_dir": str(model_dir),
-            "checkpoint_dir": str(root / "checkpoints"), "model_update_interval_seconds": 0.1,
-            "intra_op_parallelism_threads": 1, "inter_op_parallelism_threads": 1}
-
-
 def test_no_torn_rows_while_deltas_land(launch, tmp_path):
-    config = rows_model(tmp_path)
+    config = write_rows_model(tmp_path, ROWS, DIM)
     running = launch(config, workers=2)
     keys = np.arange(ROWS, dtype=np.int64)
     stop = threading.Event()

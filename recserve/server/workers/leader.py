@@ -83,6 +83,7 @@ class Leader:
         self._workers: dict[int, _Worker] = {}      # by pid, once it said hello
         self._pids: dict[int, int] = {}             # slot index -> pid of its live process
         self._tokens = itertools.count(1)
+        self._processors: dict[str, Processor] = {}  # by model, once it served a version
         self._stopping = threading.Event()
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         self.registry = registry_factory(self.publish)
@@ -98,6 +99,9 @@ class Leader:
         if servable.redis is not None:
             servable.on_delta = lambda delta: self._invalidate(processor.model_name, servable.version, delta)
         with self._lock:
+            # Known from the first swap on, which happens inside the processor's constructor:
+            # before the registry has the processor, a worker saying hello must get it too.
+            self._processors[processor.model_name] = processor
             for worker in list(self._workers.values()):
                 self._offer(worker, processor)
 
@@ -155,10 +159,8 @@ class Leader:
             with self._lock:
                 holder["worker"] = worker
                 self._workers[worker.pid] = worker
-                for entry in self.registry.entries.values():
-                    processor = entry.processor
-                    if processor is not None:
-                        self._offer(worker, processor)
+                for processor in self._processors.values():
+                    self._offer(worker, processor)
             return
         worker = holder.get("worker")
         if worker is None:
