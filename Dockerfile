@@ -28,6 +28,9 @@ RUN python3 -m venv .venv \
 RUN useradd --system --uid 10001 recserve
 USER recserve
 ENV PATH=/opt/recserve/.venv/bin:$PATH
+# Worker processes (`--workers`); `docker run -e RECSERVE_WORKERS=auto ...` or pass
+# `--workers N` after the image name: the entrypoint passes its arguments through.
+ENV RECSERVE_WORKERS=1
 EXPOSE 8080 8500
 ENTRYPOINT ["recserve", "serve", "--host", "0.0.0.0", "--http-port", "8080", "--grpc-port", "8500"]
 CMD ["--config", "/config/config.json"]
@@ -46,6 +49,9 @@ RUN python -m venv .venv \
 RUN useradd --system --uid 10001 recserve
 USER recserve
 ENV PATH=/opt/recserve/.venv/bin:$PATH
+# Worker processes (`--workers`); `docker run -e RECSERVE_WORKERS=auto ...` or pass
+# `--workers N` after the image name: the entrypoint passes its arguments through.
+ENV RECSERVE_WORKERS=1
 EXPOSE 8080 8500
 ENTRYPOINT ["recserve", "serve", "--host", "0.0.0.0", "--http-port", "8080", "--grpc-port", "8500"]
 CMD ["--config", "/config/config.json"]
