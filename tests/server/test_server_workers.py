@@ -269,3 +269,30 @@ def test_workers_serve_redis_tables_as_replicas(launch, pool_demo, redis_server)
             pytest.fail(f"the delta did not reach every worker:\n{running.log()}")
     finally:
         processor.close()
+
+
+def test_recording_and_timelines_cover_every_worker(launch, demo, tmp_path):
+    """warmup record/save sample the traffic of the whole pool; each worker writes its own
+    timelines, named after it."""
+    from recserve.warmup.warmup_file import read_warmup_file
+
+    timelines = tmp_path / "timelines"
+    config = {**json.loads(demo.config_path.read_text()), "timeline_start_step": 0, "timeline_interval_step": 1,
+              "timeline_trace_count": 3, "timeline_path": str(timelines)}
+    running = launch(config, workers=2)
+    response = httpx.post(f"{running.url}/admin/models/default/warmup/record", json={"requests": 10})
+    assert response.status_code == 200, response.text
+    bodies = {encode_request(demo.sample_inputs(2, np.random.default_rng(seed))) for seed in range(30)}
+    for body in bodies:
+        assert httpx.post(f"{running.url}/api/predict/default", content=body).status_code == 200
+    path = tmp_path / "recorded.bin"
+    response = httpx.post(f"{running.url}/admin/models/default/warmup/save", json={"path": str(path)})
+    assert response.status_code == 200, response.text
+    assert response.json() == {"path": str(path), "requests": 10, "seen": 30}
+    recorded = read_warmup_file(path)
+    assert len(recorded) == 10 and set(recorded) <= bodies
+    # Saving stopped recording on every worker.
+    again = httpx.post(f"{running.url}/admin/models/default/warmup/save", json={"path": str(path)})
+    assert again.status_code == 409 and "is not recording" in again.json()["error"]
+    names = sorted(p.name for p in timelines.glob("*.json"))
+    assert {n.split("-")[2] for n in names} == {"w0", "w1"}, names
