@@ -102,10 +102,22 @@ static inline bool get_tag(const uint8_t **pp, const uint8_t *end, uint32_t *fie
     return false;
 }
 
+/* A length: as upb reads one, at most five varint bytes (a longer encoding, even of a small
+ * number, is malformed) and below INT32_MAX. */
 static inline bool get_len(const uint8_t **pp, const uint8_t *end, const uint8_t **start, int64_t *len)
 {
-    uint64_t n;
-    if (!get_varint(pp, end, &n) || n > (uint64_t)(end - *pp))
+    const uint8_t *p = *pp;
+    uint64_t n = 0;
+    for (int i = 0;; i++) {
+        if (i == 5 || p >= end)
+            return false;
+        uint64_t b = *p++;
+        n |= (b & 0x7f) << (7 * i);
+        if (b < 0x80)
+            break;
+    }
+    *pp = p;
+    if (n >= INT32_MAX || n > (uint64_t)(end - *pp))
         return false;
     *start = *pp;
     *len = (int64_t)n;

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 BUILD = ROOT / "build" / "fuzz"
 SANITIZE = ["-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all"]
-ENGINE = ["native/embedding.c", "native/embedding_keys.c", "native/embedding_ssd.c", "native/embedding_tier.c"]
+ENGINE = ["native/embedding.c", "native/embedding_arena.c", "native/embedding_keys.c", "native/embedding_ssd.c", "native/embedding_tier.c"]
 # Leaks are findings; the Python target's interpreter is not instrumented and frees
 # nothing at exit, so it runs without ASan (atheris' own libFuzzer).
 ASAN_OPTIONS = "detect_leaks=1:abort_on_error=1:symbolize=1"

@@ -296,6 +296,34 @@ def test_unusual_forms_are_left_to_the_generated_parser(data: bytes) -> None:
     assert not assert_same(data)
 
 
+def overlong(n: int, width: int) -> bytes:
+    """n as a varint padded to `width` bytes (0x80 continuation bytes)."""
+    out = [(n >> (7 * i)) & 0x7F | (0x80 if i < width - 1 else 0) for i in range(width)]
+    return bytes(out)
+
+
+# Lengths written in more than five varint bytes: upb refuses the message (RELIABILITY.md,
+# finding 3, found by the codec_parity fuzzer), and so must the native decoder.
+OVERLONG = {
+    "output_filter (the fuzzer's input)": bytes.fromhex("1a001a8080808080808080001a00"),
+    "signature_name": key(1, 2) + overlong(2, 6) + b"ok",
+    "inputs entry": key(2, 2) + overlong(0, 10),
+    "key of an entry": length_delimited(2, key(1, 2) + overlong(1, 7) + b"x"),
+    "packed values": entry("x", array(9, [2], key(7, 2) + overlong(2, 6) + varint(1) + varint(2))),
+}
+
+
+@pytest.mark.parametrize("data", OVERLONG.values(), ids=OVERLONG.keys())
+def test_overlong_lengths_are_refused_like_the_generated_parser(data: bytes) -> None:
+    assert not assert_same(data)
+    assert outcome(codec.decode_request, data)[0] == "error"
+
+
+def test_five_byte_lengths_still_decode() -> None:
+    data = key(1, 2) + overlong(2, 5) + b"ok" + entry("x", array(9, [1], length_delimited(7, varint(7))))
+    assert assert_same(data)
+
+
 def test_many_inputs_grow_the_scratch() -> None:
     inputs = {f"f{i}": np.array([i, -i], np.int64) for i in range(2000)}
     data = codec.encode_request(inputs)
