@@ -130,6 +130,8 @@ class Servable:
     # The version's dense parameters (what the sessions were built with): worker processes
     # build their own sessions from them.
     dense_overrides: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # The newest delta applied to this version (set by the updater after each one).
+    delta_step: int = 0
     # Called once close() is done (a worker tells the leader it let go of the version).
     on_close: Callable[[], None] | None = None
     # Called after each delta is applied (the leader of worker processes tells the workers
@@ -251,6 +253,7 @@ class Servable:
             trace.add("decode", start)
             trace.batch_size = route.batch_size
             trace.model_version = self.version
+            trace.delta_step = self.delta_step
             start = time.perf_counter_ns()
             feeds = route.feeds(parsed)
             trace.add("lookup", start)
@@ -303,6 +306,7 @@ class Servable:
         chosen = sig.resolve_outputs(output_filter)
         trace.batch_size = next((a.shape[0] for a in arrays.values() if a.ndim), 1)
         trace.model_version = self.version
+        trace.delta_step = self.delta_step
         with trace.span("lookup"):
             if self.placed is not None:
                 by_name = {sig.inputs[alias].name: arr for alias, arr in arrays.items()}

@@ -33,10 +33,19 @@ class RequestTrace:
     spans: list[Span] = field(default_factory=list)
     batch_size: int = 0
     model_version: str = ""
+    # The newest delta applied to that version before the request began (0: none). A delta is
+    # applied in place, table by table: one running meanwhile may already see some of it.
+    delta_step: int = 0
     # Set by the caller to have this request's run profiled by ONNX Runtime (timelines);
     # the session group then fills `ort_profile_path` with the Chrome-trace JSON file.
     want_ort_profile: bool = False
     ort_profile_path: str | None = None
+
+    def served_by(self) -> tuple[tuple[str, str], ...]:
+        """Which version answered, as HTTP headers / gRPC trailing metadata (lower case, as
+        gRPC wants its keys): the servable the request leased, not a separate read of "the
+        current version", which a swap in between would make wrong."""
+        return (("x-recserve-model-version", self.model_version), ("x-recserve-delta-step", str(self.delta_step)))
 
     @contextmanager
     def span(self, stage: str) -> Iterator[None]:

@@ -82,6 +82,7 @@ class EasPredictionService:
             status, result = processor.process(request, trace=trace)
             if status == 200:
                 entry.record(request)
+                context.set_trailing_metadata(trace.served_by())
             return status, result
 
         status, result = self._ctx.dispatcher.call("eas_grpc", lambda: self._find(context), handle)
@@ -158,6 +159,7 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
             with trace.span("decode"):
                 call = kserve.decode_grpc_request(request)
             outputs = processor.predict(call.inputs, call.outputs, signature_name=call.signature_name, trace=trace)
+            context.set_trailing_metadata(trace.served_by())
             with trace.span("encode"):
                 return 200, kserve.encode_grpc_response(entry.name, trace.model_version, call, outputs)
 

@@ -32,6 +32,7 @@ __all__ = [
     "request_body",
     "request_deadline",
     "require_admin",
+    "served_headers",
 ]
 
 PROTOBUF = "application/octet-stream"
@@ -128,6 +129,12 @@ async def dispatch(
             admitted.settle()
     ctx.inline.record(model, seconds)
     return outcome
+
+
+def served_headers(served: list[RequestTrace]) -> dict[str, str]:
+    """The answering version's headers (X-Recserve-Model-Version, X-Recserve-Delta-Step)
+    from the trace a handler kept; none when the handler never ran."""
+    return dict(served[0].served_by()) if served and served[0].model_version else {}
 
 
 def received_at(request: Request) -> float:

@@ -19,7 +19,7 @@ from recserve.processor.trace import RequestTrace
 from recserve.server import tfserving
 from recserve.server.context import ServerContext, check_version
 from recserve.server.dispatch import Outcome
-from recserve.server.http_common import Handler, dispatch, error_response, request_body
+from recserve.server.http_common import Handler, dispatch, error_response, request_body, served_headers
 from recserve.server.registry import ModelEntry
 
 __all__ = ["inference_router"]
@@ -32,8 +32,9 @@ def _json_body(body: bytes) -> Any:
         raise RequestError(f"request body is not valid JSON: {exc}") from exc
 
 
-def _tfserving_handler(body: bytes, version: str | None) -> Handler:
+def _tfserving_handler(body: bytes, version: str | None, served: list[RequestTrace]) -> Handler:
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+        served.append(trace)
         check_version(entry, processor, version)
         with trace.span("decode"):
             doc = _json_body(body)
@@ -53,11 +54,12 @@ def inference_router(ctx: ServerContext) -> APIRouter:
 
     async def tf_predict(request: Request, name: str, version: str | None) -> Response:
         body = await request_body(ctx, request, "tfserving", name)
+        served: list[RequestTrace] = []
         status, result = await dispatch(
-            ctx, "tfserving", name, len(body), lambda: models.get(name), _tfserving_handler(body, version))
+            ctx, "tfserving", name, len(body), lambda: models.get(name), _tfserving_handler(body, version, served))
         if status != 200:
             return error_response(status, result)
-        return Response(result, media_type="application/json")
+        return Response(result, media_type="application/json", headers=served_headers(served))
 
     @router.post("/v1/models/{name}:predict")
     async def tf_predict_latest(name: str, request: Request) -> Response:

@@ -33,6 +33,7 @@ from recserve.server.http_common import (
     received_at,
     request_body,
     request_deadline,
+    served_headers,
 )
 from recserve.server.registry import ModelEntry
 
@@ -61,8 +62,9 @@ def match(path: str) -> tuple[str, tuple[str, ...]] | None:
     return None
 
 
-def _eas_handler(body: bytes) -> Handler:
+def _eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+        served.append(trace)
         status, result = processor.process(body, trace=trace)
         if status == 200 and body:  # an empty body asked for the signature
             entry.record(body)
@@ -70,8 +72,10 @@ def _eas_handler(body: bytes) -> Handler:
     return handle
 
 
-def _kserve_handler(body: bytes, header_length: int | None, version: str | None) -> Handler:
+def _kserve_handler(body: bytes, header_length: int | None, version: str | None,
+                    served: list[RequestTrace]) -> Handler:
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+        served.append(trace)
         check_version(entry, processor, version)
         with trace.span("decode"):
             call = kserve.decode_http_request(body, header_length, version or "")
@@ -120,11 +124,13 @@ class PredictRoutes:
         arrived = received_at(request)
         deadline = request_deadline(request, arrived)
         find = (lambda: models.get(model)) if model is not None else (lambda: models.for_service(service))
-        status, result = await dispatch(self._ctx, "eas", model or service, len(body), find, _eas_handler(body),
-                                        deadline, arrived)
+        served: list[RequestTrace] = []
+        status, result = await dispatch(self._ctx, "eas", model or service, len(body), find,
+                                        _eas_handler(body, served), deadline, arrived)
         if status != 200:
             return error_response(status, result)
-        return Response(result, media_type="application/json" if not body else PROTOBUF)
+        return Response(result, media_type="application/json" if not body else PROTOBUF,
+                        headers=served_headers(served))
 
     async def _kserve(self, request: Request, name: str, version: str | None = None) -> Response:
         body = await request_body(self._ctx, request, "kserve", name, decompress=True)
@@ -133,12 +139,14 @@ class PredictRoutes:
         header = request.headers.get(kserve.HEADER_LENGTH)
         if header is not None and not header.isdigit():
             raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header!r}")
-        handler = _kserve_handler(body, int(header) if header is not None else None, version)
+        served: list[RequestTrace] = []
+        handler = _kserve_handler(body, int(header) if header is not None else None, version, served)
         status, result = await dispatch(
             self._ctx, "kserve", name, len(body), lambda: self._ctx.models.get(name), handler, deadline, arrived)
         if status != 200:
             return error_response(status, result)
         payload, json_length = result
+        headers = served_headers(served)
         if json_length is None:
-            return Response(payload, media_type="application/json")
-        return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length)})
+            return Response(payload, media_type="application/json", headers=headers)
+        return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length), **headers})

@@ -69,6 +69,8 @@ class PoolClient:
         elif kind == "info":
             self._info = fields["models"]
             self._pool_ready = fields["pool_ready"]
+            for name, follower in list(self._followers.items()):
+                follower.note_delta_step(self._info.get(name, {}))
         elif kind == "invalidate":
             follower = self._followers.get(fields["model"])
             if follower is not None:
@@ -190,6 +192,12 @@ class FollowerProcessor(Processor):
         self._manager.swap(servable)
         self._first.set()
         self._pool.serving(token, self.model_name, descriptor.version)
+
+    def note_delta_step(self, info: dict[str, Any]) -> None:
+        """The leader applied deltas to the shared rows: answers name the newest from now on."""
+        servable = self._manager.current
+        if servable is not None and info.get("version") == servable.version:
+            servable.delta_step = int(info.get("delta_step") or 0)
 
     def invalidate(self, version: str, tables: dict[str, Any]) -> None:
         """Drop keys a delta changed in Redis from this worker's caches of `version`."""
