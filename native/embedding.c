@@ -545,6 +545,21 @@ int64_t rs_table_snapshot(rs_table* t, int64_t* keys, float* values, int64_t cap
     return failed ? -1 : count;
 }
 
+int64_t rs_table_keys(rs_table* t, int64_t* keys, int64_t capacity) {
+    uint64_t g = reader_enter(t);
+    const rs_index* ix = atomic_load_explicit(&t->index, memory_order_acquire);
+    int64_t count = 0;
+    for (uint64_t i = 0; i <= ix->mask; i++) {
+        bucket b = bucket_at(ix, i);
+        int64_t k = atomic_load_explicit(b.key, memory_order_acquire);
+        if (k == EMPTY_KEY || atomic_load_explicit(b.slot, memory_order_acquire) == TOMBSTONE) continue;
+        if (count < capacity) keys[count] = k;
+        count++;
+    }
+    reader_exit(t, g);
+    return count;
+}
+
 int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, int64_t* out) {
     int status = RS_OK;
     uint64_t g = reader_enter(t);

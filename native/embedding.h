@@ -134,6 +134,8 @@ RS_API int rs_table_contains(rs_table* t, const int64_t* keys, int64_t n, uint8_
 /* Writes up to `capacity` live rows; returns the number of live rows seen (retry if larger),
  * or -1 if a record of the SSD tier could not be read. */
 RS_API int64_t rs_table_snapshot(rs_table* t, int64_t* keys, float* values, int64_t capacity);
+/* Writes up to `capacity` live keys (no rows); returns the number of live keys seen. */
+RS_API int64_t rs_table_keys(rs_table* t, int64_t* keys, int64_t capacity);
 /* For each position, the first live key at or after it in index order (wrapping). */
 RS_API int rs_table_sample(rs_table* t, const uint64_t* positions, int64_t n, int64_t* out);
 

@@ -274,6 +274,16 @@ class ProcessorConfig:
         "Seconds between two polls of checkpoint_dir for new versions and deltas.",
         origin="recserve",
     )
+    full_update_mode: str = _field(
+        "swap", kinds.choice("swap", "in_place"), "honoured",
+        "How a new full version replaces the serving one. swap: built beside it, then swapped "
+        "in at once (peak memory ~2x the tables). in_place: its rows are written into the "
+        "serving tables table by table (keys absent from it deleted), then the sessions are "
+        "swapped; requests meanwhile may see old and new rows, as during a delta. Falls back to "
+        "swap, with a log line, when table names or dims changed, for placed plain ONNX models "
+        "and for tables in Redis.",
+        origin="recserve",
+    )
     pinned_version: str | None = _field(
         None, kinds.text(), "honoured",
         "Serve this version (a directory name under checkpoint_dir) and its deltas, never "

@@ -102,6 +102,7 @@ def _load() -> ctypes.CDLL:
         "rs_table_lookup": (ctypes.c_int, [_p, _p, _i64, _i64, _i64, _p]),
         "rs_table_contains": (ctypes.c_int, [_p, _p, _i64, _p]),
         "rs_table_snapshot": (_i64, [_p, _p, _p, _i64]),
+        "rs_table_keys": (_i64, [_p, _p, _i64]),
         "rs_table_sample": (ctypes.c_int, [_p, _p, _i64, _p]),
         "rs_table_upsert": (ctypes.c_int, [_p, _p, _p, _i64]),
         "rs_table_delete": (ctypes.c_int, [_p, _p, _i64]),
@@ -381,6 +382,16 @@ class EmbeddingTable:
             raise InternalError(f"table {self._name!r} is read-only here: a worker process reads the "
                                 "leader's table; the leader applies every update")
         return self._writer
+
+    def keys(self) -> np.ndarray:
+        """Every live key (in index order), without the rows."""
+        capacity = len(self)
+        while True:  # a concurrent writer may add keys between sizing and copying
+            keys = np.empty(capacity, dtype=np.int64)
+            seen = _LIB.rs_table_keys(self._handle, _address(keys), capacity)
+            if seen <= capacity:
+                return keys[:seen]
+            capacity = seen + seen // 8
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         capacity = len(self)

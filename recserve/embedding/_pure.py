@@ -202,6 +202,9 @@ class EmbeddingTable:
             for key in keys.reshape(-1).tolist():
                 self._slots.pop(key, None)
 
+    def keys(self) -> np.ndarray:
+        return np.array(self._stored_keys(), dtype=np.int64)
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         keys = np.array(self._stored_keys(), dtype=np.int64)
         return keys, self._rows(keys)

@@ -32,6 +32,7 @@ from recserve.errors import (
 )
 from recserve.model_store.backoff import Backoff, Retry, Stopped, event_wait
 from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
+from recserve.model_store.in_place import in_place_blocker, write_in_place
 from recserve.model_store.memory_budget import MemoryBudgetError, check_fits
 from recserve.model_store.versions import VersionRef
 from recserve.model_store.watcher import Candidate, VersionWatcher
@@ -119,7 +120,7 @@ class ModelUpdater:
         self,
         watcher: VersionWatcher,
         manager: Any,
-        build: Callable[[Checkpoint], _Servable],
+        build: Callable[..., _Servable],
         *,
         interval: float,
         warmup: Callable[[Any], object] | None = None,
@@ -130,8 +131,12 @@ class ModelUpdater:
         model_name: str = "default",
         load_tables: bool = True,
         available_memory: Callable[[], int | None] | None = None,
+        full_update_mode: str = "swap",
     ) -> None:
         self.watcher = watcher
+        # "in_place": a full version with the serving version's tables is written into them
+        # (recserve.model_store.in_place) instead of being built beside them.
+        self._full_update_mode = full_update_mode
         # False: full versions reach `build` without their table rows (Checkpoint.with_tables
         # reads them on demand): tables served from Redis are read only by their importer.
         self._load_tables = load_tables
@@ -247,8 +252,22 @@ class ModelUpdater:
     def _build_and_swap(self, candidate: Candidate) -> None:
         started = self._clock()
         ref = candidate.ref
+        if self._full_update_mode == "in_place" and self._serving is not None:
+            with self._manager.acquire() as current:
+                reason = in_place_blocker(current, candidate.manifest)
+                if reason is None:
+                    self._write_in_place(candidate, current, started)
+                    return
+            log.info("model %r: version %s is built and swapped in, not written in place: %s",
+                     self._name, ref.name, reason)
         if self._available_memory is not None:
-            check_fits(candidate.manifest, ref.name, self._available_memory())
+            try:
+                check_fits(candidate.manifest, ref.name, self._available_memory())
+            except MemoryBudgetError as exc:
+                if self._full_update_mode == "swap":
+                    exc.message += ('; full_update_mode "in_place" writes a version with the same tables '
+                                    "into the serving ones without a second copy")
+                raise
         try:
             servable = self._build(
                 load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=self._load_tables)
@@ -271,6 +290,37 @@ class ModelUpdater:
         self._full_updates += 1
         log.info("model %r: serving version %s (global_step %d, deltas to %d), ready in %.2f s",
                  self._name, ref.name, ref.global_step, self._delta_step, self._clock() - started)
+
+    def _write_in_place(self, candidate: Candidate, current: Any, started: float) -> None:
+        """The version's rows into the serving tables, then new sessions over them, warmed up
+        and swapped in; raises like _build_and_swap. model_info() names the new version only
+        once every table is written."""
+        ref = candidate.ref
+        rows = write_in_place(self.watcher.reader, ref, candidate.manifest, current.tables)
+        try:
+            servable = self._build(load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=False),
+                                   tables=current.tables)
+        except RecserveError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"version {ref.name} cannot be built: {type(exc).__name__}: {exc}") from exc
+        servable.owns_tables = False  # until it serves: closing it on a failure leaves the tables
+        try:
+            delta_step = self._apply_deltas(servable, ref, ref.global_step)
+            if self._warmup is not None:
+                self._warmup(servable)
+        except BaseException:
+            servable.close()
+            raise
+        servable.owns_tables, current.owns_tables = True, False
+        self._manager.swap(servable)
+        self._serving = ref
+        self._delta_step = 0 if delta_step == ref.global_step else delta_step
+        self._update_time = time.time()
+        self._full_updates += 1
+        log.info("model %r: serving version %s (global_step %d, deltas to %d), written in place "
+                 "(%d rows) in %.2f s", self._name, ref.name, ref.global_step, self._delta_step, rows,
+                 self._clock() - started)
 
     # -- rollback and pinning ------------------------------------------------------------
 

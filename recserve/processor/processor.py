@@ -98,6 +98,12 @@ class Processor:
             self._manager.swap(servable)
             return
         interval = self.config.model_update_interval_seconds
+        full_update_mode = self.config.full_update_mode
+        if full_update_mode == "in_place" and self._placed is not None:
+            log.warning("model %r: full_update_mode in_place: a plain ONNX model under device placement "
+                        "takes its rows from the graph and the version; its full versions are swapped in",
+                        self.model_name)
+            full_update_mode = "swap"
         self._updater = ModelUpdater(
             VersionWatcher(self._storage, self.config.checkpoint_dir, backoff=Backoff(interval, max(60.0, interval)),
                            progress=self.progress),
@@ -107,6 +113,7 @@ class Processor:
             warmup=self._warmup.run,
             pinned=self.config.pinned_version,
             model_name=self.model_name,
+            full_update_mode=full_update_mode,
             load_tables=not self.config.uses_redis,
             # Tables in Redis or on an SSD tier do not build into this process's memory.
             available_memory=available_memory if not self.config.uses_redis and self.config.ev_storage_type != 12
@@ -116,9 +123,9 @@ class Processor:
         self._updater.load_initial(None if minutes == -1 else minutes * 60.0)
         self._updater.start()
 
-    def _build(self, checkpoint: Checkpoint) -> Servable:
+    def _build(self, checkpoint: Checkpoint, tables: Mapping[str, Any] | None = None) -> Servable:
         return Servable.load(self._model, checkpoint, self.config, placed=self._placed, model_name=self.model_name,
-                             progress=self.progress.advance)
+                             progress=self.progress.advance, tables=tables)
 
     @property
     def model_dir(self) -> str:

@@ -132,6 +132,9 @@ class Servable:
     dense_overrides: Mapping[str, np.ndarray] = field(default_factory=dict)
     # The newest delta applied to this version (set by the updater after each one).
     delta_step: int = 0
+    # False once a newer servable took these tables over (an in-place full update): close()
+    # then leaves them to it.
+    owns_tables: bool = True
     # Called once close() is done (a worker tells the leader it let go of the version).
     on_close: Callable[[], None] | None = None
     # Called after each delta is applied (the leader of worker processes tells the workers
@@ -348,7 +351,7 @@ class Servable:
         self.sessions.close()
         if self.redis is not None:
             self.redis.close()
-        else:
+        elif self.owns_tables:
             for table in self.tables.values():
                 table.close()  # a tiered table's files go with it
         if self.on_close is not None:

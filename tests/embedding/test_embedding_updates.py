@@ -84,6 +84,8 @@ def test_snapshot_holds_exactly_the_live_rows(engine) -> None:
     assert as_dict(keys, values) == {2: [2, 2], 3: [30, 30], 4: [4, 4]}
     empty = engine.EmbeddingTable("e", 2, np.array([], np.int64), np.zeros((0, 2), np.float32))
     assert [a.shape for a in empty.snapshot()] == [(0,), (0, 2)]
+    assert sorted(table.keys().tolist()) == [2, 3, 4] and table.keys().dtype == np.int64
+    assert empty.keys().shape == (0,)
 
 
 def test_sample_keys_returns_existing_keys(engine) -> None:
