@@ -91,9 +91,17 @@ class ModelSpec:
     embeddings: tuple[EmbeddingBinding, ...] = ()
     # None: derive `serving_default` from the graph (DESIGN §4).
     signatures: dict[str, SignatureSpec] | None = None
+    # TensorFlow checkpoints (DESIGN §4b): table or ONNX initializer -> the TF name holding
+    # its rows (an Embedding Variable) or value (a dense variable); unmapped: its own name.
+    checkpoint_names: dict[str, str] = field(default_factory=dict)
+
+    def checkpoint_name(self, name: str) -> str:
+        return self.checkpoint_names.get(name, name)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"embeddings": [b.to_json() for b in self.embeddings]}
+        if self.checkpoint_names:
+            doc["checkpoint_names"] = dict(self.checkpoint_names)
         if self.signatures is not None:
             doc["signatures"] = {
                 name: {"inputs": dict(s.inputs), "outputs": dict(s.outputs)}
@@ -160,10 +168,11 @@ def parse_model_spec(text: str | bytes, source: str = "model.json") -> ModelSpec
         raise ModelLoadError(f"{source}: not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise ModelLoadError(f"{source}: expected a JSON object")
-    unknown = set(doc) - {"embeddings", "signatures"}
+    unknown = set(doc) - {"embeddings", "signatures", "checkpoint_names"}
     if unknown:
         raise ModelLoadError(
-            f"{source}: unknown key(s) {sorted(unknown)}; valid keys are ['embeddings', 'signatures']"
+            f"{source}: unknown key(s) {sorted(unknown)}; valid keys are ['checkpoint_names', 'embeddings', "
+            "'signatures']"
         )
     raw_bindings = doc.get("embeddings", [])
     if not isinstance(raw_bindings, list):
@@ -198,4 +207,9 @@ def parse_model_spec(text: str | bytes, source: str = "model.json") -> ModelSpec
                 inputs=_parse_name_map(raw.get("inputs", {}), f"{where}.inputs"),
                 outputs=_parse_name_map(raw.get("outputs", {}), f"{where}.outputs"),
             )
-    return ModelSpec(embeddings=bindings, signatures=signatures)
+    names = doc.get("checkpoint_names", {})
+    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
+                                              for k, v in names.items()):
+        raise ModelLoadError(f"{source}: 'checkpoint_names' must map table or initializer names to TensorFlow "
+                             'variable names, e.g. {"user": "input_layer/user_emb/embedding_weights"}')
+    return ModelSpec(embeddings=bindings, signatures=signatures, checkpoint_names=dict(names))

@@ -21,7 +21,7 @@ import safetensors.numpy
 
 from recserve.errors import CorruptVersionError, ModelLoadError
 from recserve.model_spec import EmbeddingBinding
-from recserve.model_store.manifest import Manifest
+from recserve.model_store.manifest import TF_BUNDLE_FORMAT, Manifest
 from recserve.model_store.storage import Storage, join
 from recserve.model_store.versions import VersionRef
 
@@ -193,6 +193,12 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, ta
     Does not verify checksums: call `verify` first (`newest_complete_version` does).
     Files the manifest lists outside `embedding/*.safetensors` and `dense.safetensors`
     are left alone."""
+    if manifest.format == TF_BUNDLE_FORMAT:
+        from recserve.model_store.tf_checkpoint import tf_tables_and_dense
+
+        tf_tables, tf_dense = tf_tables_and_dense(storage, ref.path if manifest.kind == "delta"
+                                                  else _tf_prefix(ref, manifest), delta=manifest.kind == "delta")
+        return Checkpoint(ref=ref, manifest=manifest, tables=tf_tables, dense=tf_dense)  # type: ignore[arg-type]
     rows: dict[str, TableData] = {}
     dense: dict[str, np.ndarray] = {}
     for name in sorted(manifest.files):
@@ -206,8 +212,13 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, ta
                       with_tables=None if tables else lambda: load_checkpoint(storage, ref, manifest))
 
 
+def _tf_prefix(ref: VersionRef, manifest: Manifest) -> str:
+    index = next(name for name in manifest.files if name.endswith(".index"))
+    return join(ref.path, index[: -len(".index")])
+
+
 def bound_table_rows(
-    bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint
+    bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint, names: Callable[[str], str] = str,
 ) -> dict[str, tuple[EmbeddingBinding, TableData]]:
     """Each table the bindings name, with its first binding and its rows in `checkpoint`;
     ModelLoadError when a table is missing or its dim differs from the binding's."""
@@ -215,10 +226,12 @@ def bound_table_rows(
     for b in bindings:
         if b.table in found:
             continue
-        data = checkpoint.tables.get(b.table)
+        stored = names(b.table)
+        data = checkpoint.tables.get(stored)
         if data is None:
+            what = f"table {b.table!r}" if stored == b.table else f"table {b.table!r} (checkpoint name {stored!r})"
             raise ModelLoadError(
-                f"table {b.table!r} (bound by input {b.input!r}) is not in checkpoint version "
+                f"{what} (bound by input {b.input!r}) is not in checkpoint version "
                 f"{checkpoint.ref.name!r}; it has tables {sorted(checkpoint.tables)}"
             )
         if data.values.shape[1] != b.dim:

@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 FORMAT = "recserve.checkpoint/1"
+# A TensorFlow bundle found by recserve.model_store.tf_checkpoint: files with their sizes and
+# no sha256 (every tensor's crc32c is checked as it is read).
+TF_BUNDLE_FORMAT = "tensorflow.bundle"
 MANIFEST_NAME = "MANIFEST.json"
 KINDS = ("full", "delta")
 # Hash in pieces so a multi-GB table never sits in memory just to be checksummed.
@@ -161,6 +164,8 @@ def verify(storage: Storage, version_dir: str, manifest: Manifest,
             raise CorruptVersionError(
                 f"{path} has {size} bytes; {MANIFEST_NAME} lists {entry.size}"
             )
+    if manifest.format == TF_BUNDLE_FORMAT:
+        return  # present and whole; each tensor's crc32c is checked as the version loads
     digests = map_in_threads(
         lambda item: sha256_of(storage, join(version_dir, item[0]), item[1].size, progress), files)
     for (name, entry), digest in zip(files, digests):

@@ -254,7 +254,7 @@ def _read_index(data: bytes, where: str) -> tuple[pb.BundleHeaderProto, dict[str
                     continue
                 proto = pb.BundleEntryProto.FromString(value)
                 name = key.decode()
-            except Exception as exc:  # noqa: BLE001  (DecodeError, UnicodeDecodeError)
+            except Exception as exc:
                 raise CorruptVersionError(f"{where}: an unreadable entry ({type(exc).__name__})") from exc
             entries[name] = BundleEntry(name, proto.dtype, tuple(d.size for d in proto.shape.dim), proto.shard_id,
                                         proto.offset, proto.size, proto.crc32c, bool(proto.slices))

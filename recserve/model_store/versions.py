@@ -13,8 +13,15 @@ import logging
 from dataclasses import dataclass
 
 from recserve.errors import CorruptVersionError, ModelLoadError, VersionNotReadyError
-from recserve.model_store.manifest import Manifest, read_manifest, verify
+from recserve.model_store.manifest import MANIFEST_NAME, Manifest, read_manifest, verify
 from recserve.model_store.storage import Storage, join
+from recserve.model_store.tf_checkpoint import (
+    STATE_FILE,
+    is_tf_version,
+    tf_delta,
+    tf_delta_manifest,
+    tf_version_manifest,
+)
 
 __all__ = [
     "DELTA_DIR_NAMES",
@@ -22,6 +29,8 @@ __all__ = [
     "list_deltas",
     "list_full_versions",
     "newest_complete_version",
+    "read_delta_manifest",
+    "read_version_manifest",
 ]
 
 # The first is what recserve writes; the second is what DeepRec's code writes.
@@ -37,6 +46,27 @@ class VersionRef:
     global_step: int
 
 
+def read_version_manifest(storage: Storage, version_dir: str) -> Manifest:
+    """A version directory's manifest: its MANIFEST.json (recserve's format), or one made
+    from its TensorFlow checkpoint (a `checkpoint` state file, DESIGN §4b); a TF delta is
+    read by list_deltas. Both in one directory is an error naming both."""
+    if is_tf_version(storage, version_dir):
+        if storage.size(join(version_dir, MANIFEST_NAME)) is not None:
+            raise CorruptVersionError(
+                f"{version_dir} holds both {MANIFEST_NAME} (a recserve version) and a TensorFlow "
+                f"'{STATE_FILE}' state file (a TF checkpoint); a version is one or the other")
+        return tf_version_manifest(storage, version_dir)
+    return read_manifest(storage, version_dir)
+
+
+def read_delta_manifest(storage: Storage, path: str) -> Manifest:
+    """A delta's manifest: recserve's MANIFEST.json, or that of a TF incremental bundle
+    (`path` is then the bundle's prefix)."""
+    if storage.size(path + ".index") is not None:
+        return tf_delta_manifest(storage, path)
+    return read_manifest(storage, path)
+
+
 def _scan(
     storage: Storage, parent: str, kind: str
 ) -> tuple[list[tuple[VersionRef, Manifest]], dict[str, ModelLoadError]]:
@@ -48,7 +78,7 @@ def _scan(
         if name.startswith(".") or not storage.is_dir(path):
             continue
         try:
-            manifest = read_manifest(storage, path)
+            manifest = read_version_manifest(storage, path) if kind == "full" else read_manifest(storage, path)
         except ModelLoadError as exc:
             problems[name] = exc
             continue
@@ -107,7 +137,15 @@ def list_deltas(
 
     A delta whose MANIFEST is absent or unreadable but whose directory name is a step number
     newer than `after_step` holds back every delta from that step on: applying a later
-    delta before it would lose its changes for good. Files are not verified here."""
+    delta before it would lose its changes for good. Files are not verified here.
+    A TensorFlow version's delta is its newest incremental bundle, the only one needed."""
+    if is_tf_version(storage, version_dir):
+        full_step = tf_version_manifest(storage, version_dir).global_step
+        newest = tf_delta(storage, version_dir, full_step, after_step)
+        if newest is None:
+            return []
+        prefix, manifest = newest
+        return [VersionRef(prefix.rsplit("/", 1)[-1], prefix, manifest.global_step)]
     found: list[tuple[VersionRef, Manifest]] = []
     blocked_at: int | None = None
     for dir_name in DELTA_DIR_NAMES:

@@ -19,7 +19,7 @@ from typing import Any
 from recserve.errors import ModelLoadError, StorageError, VersionNotReadyError
 from recserve.model_store.backoff import Backoff
 from recserve.model_store.load_progress import LoadProgress
-from recserve.model_store.manifest import Manifest, read_manifest, verify
+from recserve.model_store.manifest import Manifest, verify
 from recserve.model_store.snapshot import ManifestCache, TreeSnapshot
 from recserve.model_store.storage import Storage, join
 from recserve.model_store.versions import (
@@ -27,6 +27,8 @@ from recserve.model_store.versions import (
     VersionRef,
     list_deltas,
     list_full_versions,
+    read_delta_manifest,
+    read_version_manifest,
 )
 
 __all__ = ["Candidate", "FailureCounts", "VersionWatcher"]
@@ -151,7 +153,7 @@ class VersionWatcher:
         if self._waiting(ref.path):
             return None
         try:
-            manifest = read_manifest(self._view, ref.path)
+            manifest = (read_version_manifest if full else read_delta_manifest)(self._view, ref.path)
             self._verify(self._view, ref, manifest, full=full)
         except StorageError:
             raise
@@ -197,7 +199,7 @@ class VersionWatcher:
         if not self.storage.is_dir(path):
             found = [ref.name for ref in list_full_versions(self.storage, self.checkpoint_dir)]
             raise VersionNotReadyError(f"version {name!r} is not in {self.checkpoint_dir}; versions there: {found}")
-        manifest = read_manifest(self.storage, path)
+        manifest = read_version_manifest(self.storage, path)
         if manifest.kind != "full":
             raise ModelLoadError(f"{path} is a {manifest.kind} version; only a full version can be loaded")
         ref = VersionRef(name, path, manifest.global_step)
@@ -213,7 +215,7 @@ class VersionWatcher:
         if self._waiting(path) or not self._view.is_dir(path):
             return None
         try:
-            manifest = read_manifest(self._view, path)
+            manifest = read_version_manifest(self._view, path)
         except VersionNotReadyError:
             return None  # no MANIFEST yet: nothing to count
         except StorageError:

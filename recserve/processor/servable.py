@@ -20,7 +20,9 @@ from recserve.errors import ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, table_file
 from recserve.model_store.load_threads import map_in_threads
+from recserve.model_store.manifest import TF_BUNDLE_FORMAT
 from recserve.model_store.model_dir import ModelDir
+from recserve.model_store.tf_checkpoint import dense_by_initializer
 from recserve.model_store.updater import apply_delta
 from recserve.processor.request_route import RequestRoute
 from recserve.processor.session_group import SessionGroup
@@ -38,7 +40,7 @@ __all__ = ["Servable", "build_tables"]
 
 def build_tables(
     bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint, config: ProcessorConfig, model_name: str,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, names: Callable[[str], str] = str,
 ) -> dict[str, EmbeddingTable]:
     """One EmbeddingTable per bound table name, from the checkpoint's rows; on DRAM + SSD
     tiers (`ev_storage_type` 12) under ev_storage_path/<model>/<version>/<table>."""
@@ -56,7 +58,7 @@ def build_tables(
         except Exception as exc:  # noqa: BLE001  (raised below, once every other table is closed)
             return exc
 
-    rows = bound_table_rows(bindings, checkpoint)
+    rows = bound_table_rows(bindings, checkpoint, names)
     # Tables build side by side: the copy into the engine's layout and the index build
     # release the GIL (recserve.model_store.load_threads).
     built = map_in_threads(build, rows.items())
@@ -69,13 +71,14 @@ def build_tables(
     return tables
 
 
-def placed_tables(placed: PlacedModel, checkpoint: Checkpoint) -> dict[str, EmbeddingTable]:
+def placed_tables(placed: PlacedModel, checkpoint: Checkpoint, names: Callable[[str], str] = str,
+                  ) -> dict[str, EmbeddingTable]:
     """Tables moved out of a plain ONNX graph, keyed by row index; a version's
     `embedding/<initializer>.safetensors` rows replace those rows (DESIGN §4)."""
     tables = {}
     for name, rows in placed.tables.items():
         table = EmbeddingTable(name, rows.shape[1], np.arange(len(rows), dtype=np.int64), rows)
-        data = checkpoint.tables.get(name)
+        data = checkpoint.tables.get(names(name))
         if data is not None:
             if data.values.shape[1] != rows.shape[1]:
                 raise ModelLoadError(
@@ -185,18 +188,23 @@ class Servable:
         given: Mapping[str, EmbeddingTable] | None = None,
     ) -> Servable:
         tables: Mapping[str, Any]
+        # A TensorFlow checkpoint holds every variable: the initializers take theirs, by name
+        # or through model.json's checkpoint_names, and the rest is never read (DESIGN §4b).
+        from_tf = checkpoint.manifest.format == TF_BUNDLE_FORMAT
+        dense = dense_by_initializer(checkpoint.dense, model.spec.checkpoint_names) if from_tf else checkpoint.dense
+        names = model.spec.checkpoint_name
         if redis is not None:
             tables = redis.tables
-            sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
+            sessions = SessionGroup(model.onnx_path, config, dense_overrides=dense, partial_dense=from_tf)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         elif placed is None:
             tables = given if given is not None else build_tables(
-                model.spec.embeddings, checkpoint, config, model_name, progress)
-            sessions = SessionGroup(model.onnx_path, config, dense_overrides=checkpoint.dense)
+                model.spec.embeddings, checkpoint, config, model_name, progress, names)
+            sessions = SessionGroup(model.onnx_path, config, dense_overrides=dense, partial_dense=from_tf)
             signatures = build_signatures(model.spec, sessions.inputs, sessions.outputs)
         else:
-            tables = given if given is not None else placed_tables(placed, checkpoint)
-            sessions = SessionGroup(placed.dense_model_path, config, dense_overrides=checkpoint.dense)
+            tables = given if given is not None else placed_tables(placed, checkpoint, names)
+            sessions = SessionGroup(placed.dense_model_path, config, dense_overrides=dense, partial_dense=from_tf)
             bindings = placed_bindings(placed)
             if bindings is not None:
                 # Every Gather reads a request input as it is: the model is a model.json model
@@ -235,7 +243,7 @@ class Servable:
             plans=plans,
             placed=PlacedInputs(placed) if placed is not None else None,
             redis=redis,
-            dense_overrides=checkpoint.dense,
+            dense_overrides=sessions.dense_overrides,
         )
 
     def process(self, data: bytes, trace: RequestTrace) -> bytes:

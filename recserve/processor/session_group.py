@@ -153,6 +153,7 @@ class SessionGroup:
         config: ProcessorConfig,
         *,
         dense_overrides: Mapping[str, np.ndarray] | None = None,
+        partial_dense: bool = False,
     ) -> None:
         count = config.session_count
         self._policy = SessionPolicy(config.select_session_policy, count)
@@ -161,7 +162,8 @@ class SessionGroup:
             check_cpusets(self._cpusets)
         per_session_threads = _uses_own_pools(config)
         # ORT keeps pointers to the shared buffers and streams: they live as long as the group.
-        self._shared = SharedInitializers(model_path, dense_overrides)
+        self._shared = SharedInitializers(model_path, dense_overrides, partial=partial_dense)
+        self.dense_overrides = self._shared.overridden
         self.prepacking = prepacks(config, self._shared.nbytes)
         self._streams = CudaStreams()
         self._sessions: list[ort.InferenceSession] = []

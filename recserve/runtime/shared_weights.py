@@ -25,13 +25,19 @@ MIN_SHARED_BYTES = 64 * 1024
 
 
 class SharedInitializers:
-    def __init__(self, model_path: str, overrides: Mapping[str, np.ndarray] | None = None) -> None:
+    def __init__(self, model_path: str, overrides: Mapping[str, np.ndarray] | None = None, *,
+                 partial: bool = False) -> None:
+        """partial: `overrides` may hold more than the graph's initializers (a TensorFlow
+        checkpoint holds every variable): only the initializers' are read, the rest ignored."""
         try:
             model = onnx.load(model_path)
         except Exception as exc:  # onnx raises DecodeError, OSError, ValueError...
             raise ModelLoadError(f"cannot read ONNX model {model_path}: {exc}") from exc
-        given = dict(overrides or {})
         by_name = {t.name: t for t in model.graph.initializer}
+        source = overrides or {}
+        given = {n: source[n] for n in by_name if n in source} if partial else dict(source)
+        # The values that replaced initializers: what another process needs to build the same.
+        self.overridden: dict[str, np.ndarray] = given
         unknown = sorted(set(given) - set(by_name))
         if unknown:
             raise ModelLoadError(

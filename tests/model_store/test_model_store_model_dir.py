@@ -76,7 +76,7 @@ def test_invalid_model_json_names_the_file(tmp_path):
         load_model_dir(STORAGE, str(tmp_path / "m"))
     assert str(err.value) == (
         f"{tmp_path}/m/model.json: unknown key(s) ['embedding']; "
-        "valid keys are ['embeddings', 'signatures']"
+        "valid keys are ['checkpoint_names', 'embeddings', 'signatures']"
     )
 
 
