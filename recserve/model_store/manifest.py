@@ -147,6 +147,13 @@ def verify(storage: Storage, version_dir: str, manifest: Manifest,
     several files at once: recserve.model_store.load_threads); `progress` is told the bytes
     hashed as they are."""
     files = sorted(manifest.files.items())
+    if manifest.format == TF_BUNDLE_FORMAT:
+        # A TF delta's path is its bundle prefix; its files sit beside it.
+        where = version_dir if manifest.kind == "full" else version_dir.rsplit("/", 1)[0]
+        for name, entry in files:
+            if storage.size(join(where, name)) != entry.size:
+                raise VersionNotReadyError(f"{join(where, name)} is missing or changed (listed by the bundle index)")
+        return  # each tensor's crc32c is checked as the version loads
     for name, entry in files:
         problem = check_relative_path(name)
         if problem:
@@ -164,8 +171,6 @@ def verify(storage: Storage, version_dir: str, manifest: Manifest,
             raise CorruptVersionError(
                 f"{path} has {size} bytes; {MANIFEST_NAME} lists {entry.size}"
             )
-    if manifest.format == TF_BUNDLE_FORMAT:
-        return  # present and whole; each tensor's crc32c is checked as the version loads
     digests = map_in_threads(
         lambda item: sha256_of(storage, join(version_dir, item[0]), item[1].size, progress), files)
     for (name, entry), digest in zip(files, digests):

@@ -61,6 +61,8 @@ class _Servable(Protocol):
 
     def apply_delta(self, delta: Checkpoint) -> int: ...
 
+    def local_names(self, delta: Checkpoint) -> Checkpoint: ...
+
     def close(self) -> None: ...
 
 
@@ -222,7 +224,7 @@ class ModelUpdater:
         for candidate in self.watcher.deltas(base, applied):
             started = self._clock()
             try:
-                delta = load_checkpoint(self.watcher.reader, candidate.ref, candidate.manifest)
+                delta = servable.local_names(load_checkpoint(self.watcher.reader, candidate.ref, candidate.manifest))
                 check_delta(servable.tables, delta, base)
             except StorageError:
                 raise

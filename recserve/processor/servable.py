@@ -6,6 +6,7 @@ that deltas update in place under the embedding engine's row rule. Thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -340,6 +341,15 @@ class Servable:
         for (_, graph_input, _), out in zip(bound, plan.run(ids_list)):
             feeds[graph_input] = out
         return feeds
+
+    def local_names(self, delta: Checkpoint) -> Checkpoint:
+        """`delta` with its tables under this model's table names: a TensorFlow bundle names
+        them after their Embedding Variables (model.json's checkpoint_names, DESIGN §4b)."""
+        if delta.manifest.format != TF_BUNDLE_FORMAT:
+            return delta
+        names = self.model.spec.checkpoint_name
+        tables = {t: delta.tables[names(t)] for t in self.tables if names(t) in delta.tables}
+        return dataclasses.replace(delta, tables=tables)
 
     def apply_delta(self, delta: Checkpoint) -> int:
         """A delta's rows and deletions, in place (the updater checked it fits this version);
