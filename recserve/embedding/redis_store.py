@@ -161,9 +161,10 @@ def _bound_tables(bindings: Sequence[EmbeddingBinding]) -> dict[str, EmbeddingBi
     return first
 
 
-def _checked_rows(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint) -> dict[str, TableData]:
+def _checked_rows(bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint,
+                  names: Callable[[str], str] = str) -> dict[str, TableData]:
     """The checkpoint's rows of the bound tables, checked before any is written to Redis."""
-    return {name: data for name, (_, data) in bound_table_rows(bindings, checkpoint).items()}
+    return {name: data for name, (_, data) in bound_table_rows(bindings, checkpoint, names).items()}
 
 
 def open_redis_tables(
@@ -173,6 +174,7 @@ def open_redis_tables(
     model_name: str,
     *,
     reload: Callable[[], Checkpoint] | None = None,
+    names: Callable[[str], str] = str,
 ) -> RedisTableSet:
     """The bound tables of `checkpoint`'s version, served from Redis (importing it first if
     no replica has). Only `checkpoint.ref` and `.manifest` are read unless this replica
@@ -191,7 +193,7 @@ def open_redis_tables(
     try:
         def import_version() -> tuple[VersionInfo, bool]:
             return ensure_version(
-                conn, space, version, step, lambda: _checked_rows(bindings, source()),
+                conn, space, version, step, lambda: _checked_rows(bindings, source(), names),
                 writers=config.update_thread_num,
                 lock_seconds=IMPORT_LOCK_SECONDS,
                 wait_seconds=float(config.lock_timeout),

@@ -13,7 +13,7 @@ import json
 import mmap
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import numpy as np
 import safetensors
@@ -60,8 +60,12 @@ class TableData:
     freqs: np.ndarray | None = None
     versions: np.ndarray | None = None
     deleted: np.ndarray | None = None
+    # False: the caller leaves uniqueness to the embedding engine, which refuses a duplicate
+    # key as it builds the index and names it (a sorted copy of the keys costs 8 bytes a row
+    # at the load's peak: a TensorFlow checkpoint's big Embedding Variables skip it).
+    check_unique: InitVar[bool] = True
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, check_unique: bool) -> None:
         _check_array("keys", self.keys, np.int64, 1)
         _check_array("values", self.values, np.float32, 2)
         n = self.keys.shape[0]
@@ -79,7 +83,7 @@ class TableData:
                     )
         if self.deleted is not None:
             _check_array("deleted", self.deleted, np.int64, 1)
-        if n > 1:
+        if n > 1 and check_unique:
             ordered = np.sort(self.keys)
             dup = ordered[1:][ordered[1:] == ordered[:-1]]
             if dup.size:

@@ -36,12 +36,12 @@ _DTYPE_NAMES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 
                 20: "resource", 21: "variant", 22: "uint32", 23: "uint64"}
 
 
-_CRC_CHUNK = 4 << 20
+_CRC_CHUNK = 1 << 20
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
-    """LevelDB's and TensorFlow's masked crc32c. A mapping is checked 4 MiB at a time (the
-    C library takes bytes only): a chunk's copy, never the tensor's."""
+    """LevelDB's and TensorFlow's masked crc32c. A mapping is checked a chunk at a time (the
+    C library takes bytes only): a 1 MiB chunk's copy, never the tensor's."""
     if isinstance(data, bytes):
         crc = google_crc32c.value(data)
     else:

@@ -182,14 +182,30 @@ def tf_tables_and_dense(storage: Storage, prefix: str, *, delta: bool) -> tuple[
                 raise CorruptVersionError(
                     f"{prefix}: Embedding Variable {ev!r}: {base}{suffixes[1]} is {v.dtype} of shape {list(v.shape)}; "
                     f"expected float32 [{len(k)}, dim]")
-        merged_values = values[0] if len(values) == 1 else np.concatenate(values)
+        if len(values) == 1:
+            merged_values = values[0]  # a view of the mapped shard: the table copies it once
+        else:
+            # Straight into the engine's row layout, which the table then adopts: one copy.
+            from recserve.embedding import empty_rows
+
+            dim = values[0].shape[1]
+            if any(v.shape[1] != dim for v in values):
+                raise CorruptVersionError(f"{prefix}: Embedding Variable {ev!r}: its partitions differ in dim")
+            merged_values = empty_rows(sum(len(v) for v in values), dim)
+            at = 0
+            for v in values:
+                merged_values[at:at + len(v)] = v
+                at += len(v)
         merged_keys = keys[0] if len(keys) == 1 else np.concatenate(keys)
         extra = {}
+        # Frequencies (a DRAM+SSD table puts the most frequent rows in DRAM) and versions come
+        # along when they are views of the mapping; merging partitions' would cost 16 bytes a
+        # row at the load's peak for a column DRAM tables never read.
         for column in ("freqs", "versions"):
-            if len(columns[column]) == len(parts[ev]):
-                extra[column] = np.concatenate([c.astype(np.int64).reshape(-1) for c in columns[column]])
+            if len(parts[ev]) == 1 and columns[column] and columns[column][0].dtype == np.int64:
+                extra[column] = columns[column][0].reshape(-1)
         try:
-            return TableData(merged_keys, merged_values, **extra)
+            return TableData(merged_keys, merged_values, **extra, check_unique=delta)
         except CorruptVersionError as exc:
             raise CorruptVersionError(f"{prefix}: Embedding Variable {ev!r}: {exc}") from exc
 

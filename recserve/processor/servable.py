@@ -167,7 +167,8 @@ class Servable:
                     "under enable_device_placement_optimization keeps its tables in the process"
                 )
             redis = open_redis_tables(
-                model.spec.embeddings, checkpoint, config, model_name, reload=checkpoint.with_tables
+                model.spec.embeddings, checkpoint, config, model_name, reload=checkpoint.with_tables,
+                names=model.spec.checkpoint_name,
             )
         try:
             return cls._load(model, checkpoint, config, placed, redis, model_name, progress, tables)

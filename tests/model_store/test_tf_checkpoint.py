@@ -255,3 +255,72 @@ def test_incomplete_and_mixed_versions(tree):
     assert "names 'model.ckpt-300', which has no .index" in str(failure.value)
     assert "holds both MANIFEST.json (a recserve version) and a TensorFlow 'checkpoint' state file" in str(failure.value)
     os.remove(tree.root / "v1" / "MANIFEST.json")
+
+
+def test_tables_from_a_tf_checkpoint_in_redis(tree, redis_server):
+    processor = Processor({**config(tree), "feature_store_type": "redis", "redis_url": redis_server.url})
+    try:
+        user_ids, item_ids = ids()
+        got = processor.predict({"user": user_ids, "item": item_ids})["p"]
+        np.testing.assert_allclose(got, tree.reference(user_ids, item_ids), atol=1e-5)
+    finally:
+        processor.close()
+
+
+LOAD_CHILD = r"""
+import json, sys, threading, time
+from recserve import Processor
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+before = anon()
+peak = [before]
+done = threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], anon()); time.sleep(0.001)
+threading.Thread(target=sample, daemon=True).start()
+p = Processor(json.loads(sys.argv[1]))
+done.set()
+print(json.dumps({"before": before, "peak": peak[0], "after": anon(), "rows": p.model_info()["tables"]}))
+p.close()
+"""
+
+
+@pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1", reason="memory of the native engine")
+def test_loading_a_big_ev_copies_its_rows_once(tree, tmp_path):
+    """Peak anonymous memory while loading stays within 10% of what the tables hold after."""
+    import json
+    import subprocess
+    import sys
+
+    rows = 1_000_000
+    keys = np.arange(rows, dtype=np.int64) * 7
+    values = rng.standard_normal((rows, DIM * 8)).astype(np.float32)  # 128 MB of rows
+    tensors = {**ev("big", keys[: rows // 2], values[: rows // 2]),
+               **{f"{k.replace('big', 'big/part_1')}": v for k, v in ev("big", keys[rows // 2:], values[rows // 2:]).items()},
+               **ev("small", keys[:10], values[:10, :DIM])}
+    # "big" unpartitioned half plus one partition: both paths (a mapped view; a merge).
+    version = tmp_path / "bigckpt" / "v1"
+    save_bundle(version / "model.ckpt-1", {k.replace("big-", "big/part_0-"): v for k, v in tensors.items()})
+    write_state(version, "model.ckpt-1")
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["e", "axes"], ["s"], keepdims=0)], "m",
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["b", DIM * 8])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["b"])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    spec = ModelSpec(embeddings=(EmbeddingBinding(input="ids", table="t", dim=DIM * 8, graph_input="e"),),
+                     checkpoint_names={"t": "big"})
+    model_dir = write_model_dir(tmp_path / "bigmodel", helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), spec)
+    config = {"model_store_type": "local", "savedmodel_dir": str(model_dir),
+              "checkpoint_dir": str(tmp_path / "bigckpt")}
+    done = subprocess.run([sys.executable, "-c", LOAD_CHILD, json.dumps(config)], capture_output=True, text=True,
+                          timeout=300, check=False, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["rows"] == {"t": {"rows": rows}}
+    held = result["after"] - result["before"]
+    assert held >= values.nbytes  # the rows are in the table
+    assert result["peak"] - result["before"] <= 1.1 * held, result
