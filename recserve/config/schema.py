@@ -185,7 +185,9 @@ class ProcessorConfig:
     )
     checkpoint_dir: str | None = _field(
         None, kinds.path(), "honoured",
-        "Parent of the checkpoint versions, polled for new versions and deltas. Unset: "
+        "Parent of the checkpoint versions, polled for new versions and deltas. Each version "
+        "directory is recserve's format (MANIFEST.json) or a DeepRec / TensorFlow checkpoint "
+        "(a `checkpoint` state file; local storage only so far), detected per directory. Unset: "
         "serve the graph's own parameters; nothing updates.",
     )
     oss_endpoint: str | None = _field(
