@@ -1,14 +1,21 @@
 """DeepRec / TensorFlow checkpoints served as they are (DESIGN §4b), written by real
-TensorFlow (tf.raw_ops.SaveV2 / MergeV2Checkpoints: exactly the bundles DeepRec writes,
-Embedding Variables being tensors named `E-keys`, `E-values`, ...): predictions equal a
-numpy + onnxruntime reference, incremental bundles update rows in place, corrupt or
-incomplete bundles are refused with the tensor's name while the serving version stays."""
+TensorFlow (tf.raw_ops.SaveV2 / MergeV2Checkpoints, in a process of its own: tf_writer.py;
+exactly the bundles DeepRec writes, Embedding Variables being tensors named `E-keys`,
+`E-values`, ...): predictions equal a numpy + onnxruntime reference, incremental bundles
+update rows in place, corrupt or incomplete bundles are refused with the tensor's name while
+the serving version stays."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,28 +30,40 @@ from recserve.export import write_model_dir
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.tensor_bundle import TensorBundle
 
-tf = pytest.importorskip("tensorflow", reason="TensorFlow (the test extra) writes the checkpoints")
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow (the test extra: make test installs it) writes the checkpoints", allow_module_level=True)
 
 DIM = 4
 rng = np.random.default_rng(11)
 
 
+_writer: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tf_writer() -> Iterator[None]:
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("tf_writer.py"))], text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    _writer.append(process)
+    yield
+    _writer.clear()
+    process.stdin.close()  # type: ignore[union-attr]
+    process.wait(30)
+
+
 def save_bundle(prefix: Path, tensors: dict[str, np.ndarray], shards: int = 1) -> None:
     """What TensorFlow's Saver writes: SaveV2 per shard, merged into one bundle."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    names = sorted(tensors)
-    if shards == 1:
-        tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=names, shape_and_slices=[""] * len(names),
-                          tensors=[tensors[n] for n in names])
-        return
-    parts = []
-    for k in range(shards):
-        part = f"{prefix}_temp/part-{k:05d}-of-{shards:05d}"
-        chunk = names[k::shards]
-        tf.raw_ops.SaveV2(prefix=part, tensor_names=chunk, shape_and_slices=[""] * len(chunk),
-                          tensors=[tensors[n] for n in chunk])
-        parts.append(part)
-    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=str(prefix), delete_old_dirs=True)
+    with tempfile.NamedTemporaryFile(suffix=".npz", delete=False) as f:
+        np.savez(f, **{name.replace("/", "|"): value for name, value in tensors.items()})
+    try:
+        process = _writer[0]
+        process.stdin.write(json.dumps({"prefix": str(prefix), "npz": f.name, "shards": shards}) + "\n")  # type: ignore[union-attr]
+        process.stdin.flush()  # type: ignore[union-attr]
+        answer = process.stdout.readline().strip()  # type: ignore[union-attr]
+    finally:
+        os.unlink(f.name)
+    assert answer == "ok", answer or "the TensorFlow writer died"
 
 
 def write_state(version_dir: Path, prefix: str) -> None:
@@ -94,7 +113,7 @@ class Tree:
                    **ev("input_layer/user_emb/embedding_weights/Adagrad", self.user_keys, self.user * 0 + 9),
                    "input_layer/user_emb/embedding_weights-keys_filtered": np.array([5, 6], np.int64),
                    "dnn/kernel": self.kernel, "dnn/kernel/Adagrad": self.kernel * 0 + 3,
-                   "global_step": np.array(step, np.int64), "vocab": np.array([b"a", b"bc"]),
+                   "global_step": np.array(step, np.int64), "vocab": np.array([b"a", b"bc"], dtype="S2"),
                    **ev("empty_emb", np.zeros(0, np.int64), np.zeros((0, DIM), np.float32))}
         for k in range(4):  # item_emb partitioned into 4 by key modulo
             mine = self.item_keys % 4 == k
@@ -291,10 +310,6 @@ p.close()
 @pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1", reason="memory of the native engine")
 def test_loading_a_big_ev_copies_its_rows_once(tree, tmp_path):
     """Peak anonymous memory while loading stays within 10% of what the tables hold after."""
-    import json
-    import subprocess
-    import sys
-
     rows = 1_000_000
     keys = np.arange(rows, dtype=np.int64) * 7
     values = rng.standard_normal((rows, DIM * 8)).astype(np.float32)  # 128 MB of rows

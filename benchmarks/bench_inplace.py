@@ -1,0 +1,100 @@
+"""Full version updates at ~1 GB of table rows (issue #17): memory and latency of a `swap`
+and of an `in_place` update, each in a fresh child process (RssAnon)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.models import build_dlrm
+from benchmarks.report import Row
+from recserve.export import write_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+TOTAL_ROWS = 15_600_000  # 26 tables x 600k rows x 16: 998 MB of rows, as in the issue
+NOTES = """DLRM-like model, 26 tables x 600k rows x 16 (998 MB of rows); version 2 has the same
+keys and new values. Each mode in a fresh child process: steady = RssAnon after loading
+version 1; peak = the highest RssAnon sampled every 2 ms from the moment version 2 appears
+(a rename into checkpoint_dir) until model_info() names it; after = 10 s later, after
+gc.collect() and malloc_trim(0). One thread sends batch-64 predictions all along: p99 while
+the update runs vs p99 of the 5 s before it."""
+
+CHILD = r"""
+import ctypes, gc, json, os, sys, threading, time
+import numpy as np
+from recserve import Processor
+sys.path.insert(0, sys.argv[4])
+from benchmarks.models import DlrmModel
+config, staged, target = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+p = Processor(config)
+rng = np.random.default_rng(0)
+keys = [p._manager.current.tables[f"t{i}"].keys()[:4096] for i in range(26)]
+def request():
+    return {"dense": rng.random((64, 13), dtype=np.float32), **{f"C{i}": rng.choice(keys[i], 64) for i in range(26)}}
+lat, phase = {"steady": [], "update": []}, ["steady"]
+stop = threading.Event()
+def load():
+    while not stop.is_set():
+        r = request(); t = time.perf_counter(); p.predict(r); lat[phase[0]].append(time.perf_counter() - t)
+threading.Thread(target=load, daemon=True).start()
+gc.collect(); time.sleep(5)
+steady = anon(); peak = [steady]; done = threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], anon()); time.sleep(0.002)
+threading.Thread(target=sample, daemon=True).start()
+phase[0] = "update"
+started = time.perf_counter()
+os.rename(staged, target)
+while p.model_info()["version"] != "2":
+    time.sleep(0.005)
+seconds = time.perf_counter() - started
+done.set(); stop.set()
+time.sleep(10); gc.collect(); ctypes.CDLL("libc.so.6").malloc_trim(0)
+q = lambda xs: float(np.percentile(xs, 99)) * 1e3 if xs else 0.0
+print(json.dumps({"steady": steady, "peak": peak[0], "after": anon(), "seconds": seconds,
+                  "p99_steady": q(lat["steady"]), "p99_update": q(lat["update"])}))
+p.close()
+"""
+
+
+def run() -> list[Row]:
+    root = Path(tempfile.mkdtemp(prefix="recserve-bench-inplace-"))
+    try:
+        model = build_dlrm(root / "dlrm", total_rows=TOTAL_ROWS)
+        table_bytes = sum(v.nbytes for v in model.values)
+        rng = np.random.default_rng(1)
+        staged = root / "staged"
+        write_checkpoint(staged, {f"t{i}": (k, rng.standard_normal(v.shape, dtype=np.float32))
+                                  for i, (k, v) in enumerate(zip(model.keys, model.values))}, global_step=2)
+        rows = []
+        for mode in ("swap", "in_place"):
+            config = model.config(model_update_interval_seconds=0.1, full_update_mode=mode,
+                                  intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config), str(staged / "2"),
+                                   str(model.checkpoint_dir / "2"), str(ROOT)], capture_output=True, text=True,
+                                  check=True, timeout=900, cwd=ROOT)
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            shutil.move(model.checkpoint_dir / "2", staged / "2")  # back for the next mode
+            extra = (r["peak"] - r["steady"]) / table_bytes
+            goal = "<= 0.3" if mode == "in_place" else ""
+            rows.append(Row(f"{mode}: peak RssAnon above steady / table bytes (steady {r['steady'] / 2**20:,.0f} MiB = "
+                            f"{r['steady'] / table_bytes:.2f}x the rows; 10 s after: {r['after'] / 2**20:,.0f} MiB)",
+                            f"+{(r['peak'] - r['steady']) / 2**20:,.0f} MiB", f"{table_bytes / 2**20:,.0f} MiB of rows",
+                            extra, goal, (extra <= 0.3) if goal else None))
+            rows.append(Row(f"{mode}: p99 during the update / steady (batch 64; update took {r['seconds']:.1f} s)",
+                            f"{r['p99_update']:.2f} ms", f"{r['p99_steady']:.2f} ms",
+                            r["p99_update"] / r["p99_steady"] if r["p99_steady"] else 0.0))
+        return rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
