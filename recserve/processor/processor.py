@@ -206,7 +206,8 @@ class Processor:
             "ready": servable is not None,
             "version": servable.version if servable else None,
             "global_step": servable.global_step if servable else None,
-            "delta_step": updates.get("delta_step", 0),
+            # The servable's own: set as each delta lands, before the updater's bookkeeping.
+            "delta_step": servable.delta_step if servable else updates.get("delta_step", 0),
             # When the served parameters last changed: a full swap or a delta.
             "update_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(changed)) if changed else None,
             "signature_name": servable.default_signature if servable else None,
