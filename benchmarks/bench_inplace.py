@@ -24,7 +24,8 @@ version 1; peak = the highest RssAnon sampled every 2 ms from the moment version
 (a rename into checkpoint_dir) until model_info() names it; after = 10 s later, after
 gc.collect() and malloc_trim(0). One thread sends batch-64 predictions all along: p99 while
 the update runs vs p99 of the 5 s before it. The first row: a swap with no requests, for the
-update's own speed."""
+update's own speed. Version 2's files are read once just before it appears (page cache
+warm, as in bench_loading; this machine's page cache does not keep files long)."""
 
 CHILD = r"""
 import ctypes, gc, json, os, sys, threading, time
@@ -50,6 +51,10 @@ def load():
 if sys.argv[5] == "load":
     threading.Thread(target=load, daemon=True).start()
 gc.collect(); time.sleep(5)
+for f in sorted(__import__("pathlib").Path(staged).rglob("*")):
+    if f.is_file():
+        f.read_bytes()  # page cache warm, as bench_loading's: the update's speed, not the disk's
+gc.collect()
 steady = anon(); peak = [steady]; done = threading.Event()
 def sample():
     while not done.is_set():
