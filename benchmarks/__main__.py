@@ -12,6 +12,10 @@ from benchmarks.report import section, write_sections
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["soak"]:  # the chaos soak (RELIABILITY.md), not a BENCHMARKS.md section
+        from benchmarks.soak import main as soak
+
+        return soak(argv[1:])
     here = Path(__file__).resolve().parent
     names = argv or sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py"))
     failed = 0

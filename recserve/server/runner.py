@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -102,6 +103,14 @@ def run_server(
     ctx = ServerContext(models=models, dispatcher=Dispatcher(models, metrics), metrics=metrics,
                         settings=settings, workers=workers, inline=inline)
 
+    if reuse_port:
+        # A worker of a pool joins the shared ports only once it serves every model: the
+        # kernel hands a listener its share of new connections at once, and a worker still
+        # loading would answer them 503 while its siblings could serve them (the leader
+        # checked the ports were free before starting any worker).
+        models.start()
+        while not models.locally_ready:
+            time.sleep(0.02)
     http_socket = _listen(host, http_port, reuse_port=reuse_port)
     try:
         grpc_server = build_grpc_server(ctx, host, grpc_port, workers=WORKERS, reuse_port=reuse_port)
@@ -114,7 +123,8 @@ def run_server(
         timeout_graceful_shutdown=int(GRACE_SECONDS), timeout_keep_alive=settings.keepalive_s,  # type: ignore[arg-type]
         http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused),
     ))
-    models.start()
+    if not reuse_port:
+        models.start()
     grpc_server.start()
     log.info("recserve serving %s: HTTP on %s:%d, gRPC on %s:%d",
              ", ".join(models.names()), host, http_port, host, grpc_port)

@@ -1,0 +1,258 @@
+"""The chaos soak (issue #12, part 3): `python -m benchmarks soak --minutes N [--workers K]`.
+
+`recserve serve` (worker processes by default) serves the demo under steady HTTP and gRPC
+load from two client processes, while every few seconds a fault or an update lands: a
+delta, a new full version, a full version whose files are deleted while it loads, a
+version with a flipped byte, a worker killed with SIGKILL. Every answer is checked against
+the version and delta step it names (X-Recserve-Model-Version / -Delta-Step headers, gRPC
+trailing metadata): its prediction must equal an in-process Processor's on that state (or
+a later delta of the same version: a delta lands table by table while the step is named
+after it). Reports requests sent, failed and wrong, p50/p99 per phase, and the server
+tree's memory, open files and threads at start and end.
+
+Not covered here (issue #12 asks for them too): object-store faults through a proxy in front
+of moto, a full disk under ev_storage_path (tiered tables cannot run with workers yet), and
+redis-server killed and restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.load_tools import free_port, process_tree, tree_memory
+from recserve import Processor
+from recserve.export import write_checkpoint, write_delta
+from recserve.export.demo import demo_tables, write_demo
+from recserve.model_store.checkpoint import TableData
+from recserve.wire.codec import encode_request
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUESTS = 8  # distinct requests, batch 1 (a row is entirely old or new: one answer per state)
+
+
+def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: object, out: object) -> None:
+    """Sends requests until `stop` is set; puts (time, phase-free result) tuples on `out`."""
+    import grpc
+    import httpx
+
+    from recserve.proto import eas_service_pb2_grpc, predict_pb2
+    from recserve.wire.codec import decode_response
+
+    results = []
+    channel = grpc.insecure_channel(grpc_address)
+    stub = eas_service_pb2_grpc.PredictionServiceStub(channel)
+    client = httpx.Client(timeout=10)
+    i = 0
+    while not stop.is_set():  # type: ignore[attr-defined]
+        index = i % len(bodies)
+        i += 1
+        started = time.monotonic()
+        try:
+            if kind == "http":
+                if i % 16 == 0:
+                    client.close()
+                    client = httpx.Client(timeout=10)  # fresh connections reach other workers
+                response = client.post(f"{url}/api/predict/default", content=bodies[index])
+                ok = response.status_code == 200
+                claim = (response.headers.get("x-recserve-model-version"), response.headers.get("x-recserve-delta-step"))
+                value = decode_response(response.content)["probabilities"].tobytes() if ok else b""
+            else:
+                reply, call = stub.Predict.with_call(predict_pb2.PredictRequest.FromString(bodies[index]), timeout=10)
+                meta = dict(call.trailing_metadata())
+                ok, claim = True, (meta.get("x-recserve-model-version"), meta.get("x-recserve-delta-step"))
+                value = decode_response(reply.SerializeToString())["probabilities"].tobytes()
+        except Exception as exc:  # noqa: BLE001  (counted as failed, by what failed)
+            code = getattr(exc, "code", None)
+            ok, claim, value = False, (type(exc).__name__, str(code() if callable(code) else "")), b""
+        results.append((started, time.monotonic() - started, kind, index, ok, claim, value))
+        if len(results) >= 200:
+            out.put(results)  # type: ignore[attr-defined]
+            results = []
+    out.put(results)  # type: ignore[attr-defined]
+    channel.close()
+
+
+def _tree_stats(pid: int) -> dict[str, int]:
+    fds = threads = 0
+    for q in process_tree(pid):
+        try:
+            fds += len(os.listdir(f"/proc/{q}/fd"))
+            threads += len(os.listdir(f"/proc/{q}/task"))
+        except FileNotFoundError:
+            pass
+    return {"pss_mib": tree_memory(pid)["Pss"] >> 20, "fds": fds, "threads": threads,
+            "processes": len(process_tree(pid))}
+
+
+def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
+    root = Path(tempfile.mkdtemp(prefix="recserve-soak-"))
+    demo = write_demo(root / "demo")
+    config = {**demo.config(), "model_update_interval_seconds": 0.2}
+    config_path = root / "config.json"
+    config_path.write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    bodies = [encode_request(demo.sample_inputs(1, rng), output_filter=["probabilities"]) for _ in range(REQUESTS)]
+    http_port, grpc_port = free_port(), free_port()
+    log = open(root / "server.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "recserve.server.cli", "serve", "--config", str(config_path), "--http-port",
+         str(http_port), "--grpc-port", str(grpc_port), "--workers", str(workers)], cwd=ROOT, stdout=log,
+        stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{http_port}"
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server did not become ready")
+        time.sleep(0.1)
+
+    expected: dict[tuple[str, str], list[bytes]] = {}
+
+    def reference(version: str, step: int, directory: Path) -> None:
+        """The answers of state (version, step): a Processor reading only that version."""
+        only = root / "ref"
+        shutil.rmtree(only, ignore_errors=True)
+        only.mkdir()
+        shutil.copytree(directory, only / version)
+        processor = Processor({**config, "checkpoint_dir": str(only)})
+        try:
+            expected[(version, str(step))] = [processor.process(b)[1] for b in bodies]
+        finally:
+            processor.close()
+
+    reference("1", 0, demo.version_dir)
+    start_stats = _tree_stats(server.pid)
+    stop = multiprocessing.Event()
+    out: multiprocessing.Queue = multiprocessing.Queue()
+    clients = [multiprocessing.Process(target=_client, args=(kind, url, f"127.0.0.1:{grpc_port}", bodies, stop, out))
+               for kind in ("http", "grpc")]
+    for c in clients:
+        c.start()
+    phases: list[tuple[float, str]] = [(time.monotonic(), "steady")]
+    version, step, version_dir = 1, 1, demo.version_dir
+    tables = demo_tables()
+    faults = ["delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta"]
+    end = time.monotonic() + minutes * 60
+    n = 0
+    while time.monotonic() < end:
+        time.sleep(every)
+        fault = faults[n % len(faults)]
+        n += 1
+        if fault == "kill_worker" and workers < 2:
+            fault = "delta"
+        phases.append((time.monotonic(), fault))
+        if fault == "delta":
+            step += 1
+            user = tables["user"]
+            changed = TableData(user.keys, (user.values * (1 + 0.01 * step)).astype(np.float32))
+            write_delta(version_dir, {"user": changed}, global_step=step)
+            reference(str(version), step, version_dir)
+        elif fault == "full":
+            step += 1
+            version = step
+            tables = {k: TableData(t.keys, (t.values * (1 + 0.001 * step)).astype(np.float32)) for k, t in tables.items()}
+            version_dir = write_checkpoint(demo.checkpoint_dir, tables, global_step=step)
+            reference(str(version), 0, version_dir)
+        elif fault == "kill_worker":
+            workers_now = [w for z in process_tree(server.pid)[1:2] for w in process_tree(z)[1:]]
+            if workers_now:
+                os.kill(workers_now[0], signal.SIGKILL)
+        elif fault == "deleted_mid_load":
+            # Newer than what serves, gone 50 ms after it appears: loaded in time, it serves
+            # (from memory) until the next version; caught mid-load, the load fails.
+            step += 1
+            doomed = write_checkpoint(root / "stage", tables, global_step=step, name=f"doomed{n}")
+            reference(f"doomed{n}", 0, doomed)
+            target = demo.checkpoint_dir / f"doomed{n}"
+            os.rename(doomed, target)
+            time.sleep(0.05)
+            shutil.rmtree(target, ignore_errors=True)
+        elif fault == "corrupt":
+            bad = write_checkpoint(root / "stage", tables, global_step=step + 2000, name=f"bad{n}")
+            table = next(bad.glob("embedding/*.safetensors"))
+            data = bytearray(table.read_bytes())
+            data[-5] ^= 0xFF
+            table.write_bytes(bytes(data))
+            os.rename(bad, demo.checkpoint_dir / f"bad{n}")
+    phases.append((time.monotonic(), "end"))
+    stop.set()
+    results = []
+    for _ in clients:
+        while True:
+            chunk = out.get(timeout=60)
+            results.extend(chunk)
+            if len(chunk) < 200:
+                break
+    for c in clients:
+        c.join(30)
+    end_stats = _tree_stats(server.pid)
+    server.send_signal(signal.SIGTERM)
+    code = server.wait(60)
+    log.close()
+
+    def phase_of(t: float) -> str:
+        name = "steady"
+        for at, p in phases:
+            if at <= t:
+                name = p
+        return name
+
+    def later_states(claim: tuple[str, str]) -> list[tuple[str, str]]:
+        return [k for k in expected if k[0] == claim[0] and int(k[1]) >= int(claim[1])]
+
+    sent, failed, wrong, unknown = len(results), 0, 0, 0
+    failures: dict[tuple[str, str, str], int] = defaultdict(int)
+    latency: dict[str, list[float]] = defaultdict(list)
+    for started, seconds, kind, index, ok, claim, value in results:
+        latency[phase_of(started)].append(seconds)
+        if not ok:
+            failed += 1
+            failures[(kind, phase_of(started), claim[0] or f"status != 200")] += 1
+            continue
+        states = later_states(claim)
+        if not states:
+            unknown += 1  # a state the soak did not compute: a bug, or a claim it cannot read
+            if unknown <= 5:
+                print("unattributed claim", kind, claim, file=sys.stderr)
+            continue
+        from recserve.wire.codec import decode_response
+
+        if not any(decode_response(expected[s][index])["probabilities"].tobytes() == value for s in states):
+            wrong += 1
+    per_phase = {p: {"requests": len(v), "p50_ms": round(float(np.percentile(v, 50)) * 1e3, 2),
+                     "p99_ms": round(float(np.percentile(v, 99)) * 1e3, 2)} for p, v in sorted(latency.items())}
+    report = {"minutes": minutes, "workers": workers, "sent": sent, "failed": failed, "wrong": wrong,
+              "unattributed": unknown, "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
+              "faults": n, "exit_code": code, "start": start_stats, "end": end_stats,
+              "phases": per_phase, "log": str(root / "server.log")}
+    return report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--every", type=float, default=3.0, help="seconds between faults")
+    args = parser.parse_args(argv)
+    report = soak(args.minutes, args.workers, args.every)
+    print(json.dumps(report, indent=2))
+    return 0 if report["wrong"] == 0 and report["exit_code"] == 0 else 1
