@@ -52,7 +52,11 @@ def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: o
     from recserve.wire.codec import decode_response
 
     results = []
-    channel = grpc.insecure_channel(grpc_address)
+    # A channel whose connection died fails calls at once until it reconnects; grpc's default
+    # first backoff is 1 s (the soak's clients reconnect within 0.1 s, as a tuned client does).
+    channel = grpc.insecure_channel(grpc_address, options=[
+        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000)])
     stub = eas_service_pb2_grpc.PredictionServiceStub(channel)
     client = httpx.Client(timeout=10)
     i = 0
@@ -173,9 +177,10 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
             version_dir = write_checkpoint(demo.checkpoint_dir, tables, global_step=step)
             reference(str(version), 0, version_dir)
         elif fault == "kill_worker":
+            # One of the live workers, while the other serves (a replacement may still be starting).
             workers_now = [w for z in process_tree(server.pid)[1:2] for w in process_tree(z)[1:]]
-            if workers_now:
-                os.kill(workers_now[0], signal.SIGKILL)
+            if len(workers_now) >= 2:
+                os.kill(workers_now[n % len(workers_now)], signal.SIGKILL)
         elif fault == "deleted_mid_load":
             # Newer than what serves, gone 50 ms after it appears: loaded in time, it serves
             # (from memory) until the next version; caught mid-load, the load fails.
