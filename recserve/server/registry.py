@@ -164,6 +164,9 @@ class ModelRegistry:
                  make_processor: ProcessorFactory = _own_processor, pool: PoolLink | None = None) -> None:
         self.entries = {name: ModelEntry(name, config, make_processor, pool) for name, config in models}
         self._pool = pool
+        # Set by the server once its listeners accept connections (a worker of a pool reports
+        # itself ready to the leader only then).
+        self.listening = threading.Event()
         self._closing = threading.Event()
         self._loaders: list[threading.Thread] = []
 

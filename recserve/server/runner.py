@@ -126,6 +126,7 @@ def run_server(
     if not reuse_port:
         models.start()
     grpc_server.start()
+    models.listening.set()  # HTTP's listener was bound and listening above
     log.info("recserve serving %s: HTTP on %s:%d, gRPC on %s:%d",
              ", ".join(models.names()), host, http_port, host, grpc_port)
     try:

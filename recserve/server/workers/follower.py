@@ -113,7 +113,7 @@ class PoolClient:
         last = None
         while not self.channel.closed:
             registry = self._registry
-            ready = registry is not None and registry.locally_ready
+            ready = registry is not None and registry.locally_ready and registry.listening.is_set()
             if ready != last:
                 try:
                     self.channel.send("ready", ready=ready)
