@@ -110,7 +110,7 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
     rng = np.random.default_rng(0)
     bodies = [encode_request(demo.sample_inputs(1, rng), output_filter=["probabilities"]) for _ in range(REQUESTS)]
     http_port, grpc_port = free_port(), free_port()
-    log = open(root / "server.log", "wb")
+    log = open(root / "server.log", "wb")  # noqa: SIM115  (the server's stdout for the whole soak)
     server = subprocess.Popen(
         [sys.executable, "-m", "recserve.server.cli", "serve", "--config", str(config_path), "--http-port",
          str(http_port), "--grpc-port", str(grpc_port), "--workers", str(workers)], cwd=ROOT, stdout=log,
@@ -231,7 +231,7 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
         latency[phase_of(started)].append(seconds)
         if not ok:
             failed += 1
-            failures[(kind, phase_of(started), claim[0] or f"status != 200")] += 1
+            failures[(kind, phase_of(started), claim[0] or "status != 200")] += 1
             continue
         states = later_states(claim)
         if not states:
