@@ -178,6 +178,7 @@ def _strings(view: memoryview, count: int, entry: BundleEntry, where: str) -> np
         raise CorruptVersionError(f"{where}: tensor {entry.name!r}: its strings do not fill its bytes exactly")
     # Lengths below 2**32 are summed as uint32 (what older TensorFlow wrote), larger as uint64.
     crc = google_crc32c.extend(0, b"".join(struct.pack("<I" if n <= 0xFFFFFFFF else "<Q", n) for n in lengths))
+    pos_lengths_end = pos
     crc = google_crc32c.extend(crc, bytes(view[pos:pos + 4]))
     pos += 4
     out = np.empty(count, dtype=object)
@@ -185,9 +186,17 @@ def _strings(view: memoryview, count: int, entry: BundleEntry, where: str) -> np
         out[i] = bytes(view[pos:pos + length])
         crc = google_crc32c.extend(crc, out[i])
         pos += length
-    if (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF != entry.crc32c:
+    if (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF != entry.crc32c and not _wide_lengths_match(
+            lengths, view, pos_lengths_end, entry):
         raise CorruptVersionError(f"{where}: tensor {entry.name!r} fails its crc32c check (corrupt data)")
     return out
+
+
+def _wide_lengths_match(lengths: list[int], view: memoryview, lengths_end: int, entry: BundleEntry) -> bool:
+    """The checksum with every length as uint64, as a writer that never narrows them sums it."""
+    crc = google_crc32c.extend(0, struct.pack(f"<{len(lengths)}Q", *lengths))
+    crc = google_crc32c.extend(crc, bytes(view[lengths_end:]))
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF == entry.crc32c
 
 
 def _block(data: bytes, offset: int, size: int, where: str) -> bytes:
@@ -248,6 +257,8 @@ def _read_index(data: bytes, where: str) -> tuple[pb.BundleHeaderProto, dict[str
     for _, handle in _entries(_block(data, index_offset, index_size, where), where):
         offset, size, _ = _handle(handle, 0, where)
         for key, value in _entries(_block(data, offset, size, where), where):
+            if key.startswith(b"\x00"):
+                continue  # a slice's own entry (binary key); the tensor's entry says it is sliced
             try:
                 if key == b"":
                     header = pb.BundleHeaderProto.FromString(value)

@@ -51,14 +51,15 @@ def tf_writer() -> Iterator[None]:
     process.wait(30)
 
 
-def save_bundle(prefix: Path, tensors: dict[str, np.ndarray], shards: int = 1) -> None:
+def save_bundle(prefix: Path, tensors: dict[str, np.ndarray], shards: int = 1,
+                slices: dict[str, str] | None = None) -> None:
     """What TensorFlow's Saver writes: SaveV2 per shard, merged into one bundle."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(suffix=".npz", delete=False) as f:
         np.savez(f, **{name.replace("/", "|"): value for name, value in tensors.items()})
     try:
         process = _writer[0]
-        process.stdin.write(json.dumps({"prefix": str(prefix), "npz": f.name, "shards": shards}) + "\n")  # type: ignore[union-attr]
+        process.stdin.write(json.dumps({"prefix": str(prefix), "npz": f.name, "shards": shards, "slices": slices or {}}) + "\n")  # type: ignore[union-attr]
         process.stdin.flush()  # type: ignore[union-attr]
         answer = process.stdout.readline().strip()  # type: ignore[union-attr]
     finally:
@@ -339,3 +340,15 @@ def test_loading_a_big_ev_copies_its_rows_once(tree, tmp_path):
     held = result["after"] - result["before"]
     assert held >= values.nbytes  # the rows are in the table
     assert result["peak"] - result["before"] <= 1.1 * held, result
+
+
+def test_a_sliced_tensor_is_refused_by_name(tmp_path):
+    """A partitioned plain Variable saved in slices: the rest of the bundle reads; that tensor
+    is refused naming it."""
+    prefix = tmp_path / "sliced" / "model.ckpt-1"
+    save_bundle(prefix, {"w": np.ones((2, 2), np.float32), "ok": np.arange(3, dtype=np.int64)},
+                slices={"w": "4 2 0,2:-"})
+    bundle = TensorBundle(str(prefix))
+    assert bundle.read("ok").tolist() == [0, 1, 2]
+    with pytest.raises(CorruptVersionError, match="tensor 'w' is saved in slices"):
+        bundle.read("w")

@@ -14,10 +14,10 @@ import numpy as np
 import tensorflow as tf
 
 
-def save(prefix: str, tensors: dict[str, np.ndarray], shards: int) -> None:
+def save(prefix: str, tensors: dict[str, np.ndarray], shards: int, slices: dict[str, str]) -> None:
     names = sorted(tensors)
     if shards == 1:
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[slices.get(n, "") for n in names],
                           tensors=[tensors[n] for n in names])
         return
     parts = []
@@ -34,7 +34,8 @@ for line in sys.stdin:
     job = json.loads(line)
     try:
         with np.load(job["npz"]) as data:
-            save(job["prefix"], {name.replace("|", "/"): data[name] for name in data.files}, job["shards"])
+            save(job["prefix"], {name.replace("|", "/"): data[name] for name in data.files}, job["shards"],
+                 job.get("slices", {}))
         print("ok", flush=True)
     except Exception as exc:  # noqa: BLE001  (reported to the test)
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
