@@ -13,7 +13,7 @@ import json
 import mmap
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import safetensors
@@ -23,6 +23,7 @@ from recserve.errors import CorruptVersionError, ModelLoadError
 from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT, Manifest
 from recserve.model_store.storage import Storage, join
+from recserve.model_store.table_data import TableData
 from recserve.model_store.versions import VersionRef
 
 __all__ = [
@@ -47,75 +48,6 @@ TABLE_TENSORS = ("keys", "values", "freqs", "versions", "deleted")
 def table_file(table: str) -> str:
     """The path of `table`'s file relative to a version dir."""
     return f"{EMBEDDING_DIR}{table}{TABLE_SUFFIX}"
-
-
-@dataclass
-class TableData:
-    """One table's rows (or a delta's changed rows). Not thread-safe to mutate; the loader
-    hands it over whole. Construction validates dtypes, shapes and key uniqueness and
-    raises CorruptVersionError naming the problem."""
-
-    keys: np.ndarray
-    values: np.ndarray
-    freqs: np.ndarray | None = None
-    versions: np.ndarray | None = None
-    deleted: np.ndarray | None = None
-    # False: the caller leaves uniqueness to the embedding engine, which refuses a duplicate
-    # key as it builds the index and names it (a sorted copy of the keys costs 8 bytes a row
-    # at the load's peak: a TensorFlow checkpoint's big Embedding Variables skip it).
-    check_unique: InitVar[bool] = True
-
-    def __post_init__(self, check_unique: bool) -> None:
-        _check_array("keys", self.keys, np.int64, 1)
-        _check_array("values", self.values, np.float32, 2)
-        n = self.keys.shape[0]
-        if self.values.shape[0] != n:
-            raise CorruptVersionError(
-                f"values has {self.values.shape[0]} rows but keys has {n}; they must match"
-            )
-        for name in ("freqs", "versions"):
-            arr = getattr(self, name)
-            if arr is not None:
-                _check_array(name, arr, np.int64, 1)
-                if arr.shape[0] != n:
-                    raise CorruptVersionError(
-                        f"{name} has {arr.shape[0]} entries but keys has {n}; they must match"
-                    )
-        if self.deleted is not None:
-            _check_array("deleted", self.deleted, np.int64, 1)
-        if n > 1 and check_unique:
-            ordered = np.sort(self.keys)
-            dup = ordered[1:][ordered[1:] == ordered[:-1]]
-            if dup.size:
-                raise CorruptVersionError(
-                    f"keys holds {dup.size} duplicate(s), e.g. {int(dup[0])}; keys must be unique"
-                )
-
-    @property
-    def dim(self) -> int:
-        return int(self.values.shape[1])
-
-    def tensors(self) -> dict[str, np.ndarray]:
-        """The tensors as stored in a table file."""
-        out = {"keys": self.keys, "values": self.values}
-        for name in ("freqs", "versions", "deleted"):
-            arr = getattr(self, name)
-            if arr is not None:
-                out[name] = arr
-        return out
-
-
-def _check_array(name: str, arr: object, dtype: type, ndim: int) -> None:
-    if not isinstance(arr, np.ndarray):
-        raise CorruptVersionError(f"{name} is a {type(arr).__name__}; expected a numpy array")
-    if arr.dtype != dtype:
-        raise CorruptVersionError(
-            f"{name} has dtype {arr.dtype}; expected {np.dtype(dtype).name}"
-        )
-    if arr.ndim != ndim:
-        raise CorruptVersionError(
-            f"{name} has shape {list(arr.shape)}; expected {ndim} dimension(s)"
-        )
 
 
 def _read_tensors(storage: Storage, path: str, *, rows: str | None = None) -> dict[str, np.ndarray]:

@@ -35,6 +35,9 @@ FORMAT = "recserve.checkpoint/1"
 # no sha256 (every tensor's crc32c is checked as it is read).
 TF_BUNDLE_FORMAT = "tensorflow.bundle"
 MANIFEST_NAME = "MANIFEST.json"
+# Where a version's deltas live: the first is what recserve writes; the second is what
+# DeepRec's code writes (its docs name the first).
+DELTA_DIR_NAMES = (".incremental_ckpt", ".incremental_checkpoint")
 KINDS = ("full", "delta")
 # Hash in pieces so a multi-GB table never sits in memory just to be checksummed.
 HASH_CHUNK = 8 << 20

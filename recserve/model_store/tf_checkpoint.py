@@ -25,8 +25,9 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from recserve.errors import CorruptVersionError, VersionNotReadyError
-from recserve.model_store.manifest import TF_BUNDLE_FORMAT, FileEntry, Manifest
+from recserve.model_store.manifest import DELTA_DIR_NAMES, TF_BUNDLE_FORMAT, FileEntry, Manifest
 from recserve.model_store.storage import Storage, join
+from recserve.model_store.table_data import TableData
 from recserve.model_store.tensor_bundle import TensorBundle
 
 __all__ = ["STATE_FILE", "dense_by_initializer", "is_tf_version", "tf_delta", "tf_delta_manifest", "tf_tables_and_dense",
@@ -101,8 +102,6 @@ def tf_version_manifest(storage: Storage, version_dir: str) -> Manifest:
 def tf_delta(storage: Storage, version_dir: str, full_step: int, after_step: int) -> tuple[str, Manifest] | None:
     """The newest incremental bundle of a TF version above `after_step`: (its prefix path,
     its manifest), or None. Each one holds every row changed since the full save."""
-    from recserve.model_store.versions import DELTA_DIR_NAMES
-
     found: dict[int, str] = {}
     for name in DELTA_DIR_NAMES:
         directory = join(version_dir, name)
@@ -150,8 +149,6 @@ class _LazyBundle(Mapping[str, object]):
 
 def tf_tables_and_dense(storage: Storage, prefix: str, *, delta: bool) -> tuple[Mapping[str, object], Mapping[str, object]]:
     """The bundle's Embedding Variables as tables, and its other float tensors as dense values."""
-    from recserve.model_store.checkpoint import TableData
-
     bundle = TensorBundle(_local(storage, prefix))
     suffixes = _INCREMENTAL if delta else _FULL
     keys_suffix = suffixes[0]

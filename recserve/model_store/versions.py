@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from recserve.errors import CorruptVersionError, ModelLoadError, VersionNotReadyError
-from recserve.model_store.manifest import MANIFEST_NAME, Manifest, read_manifest, verify
+from recserve.model_store.manifest import DELTA_DIR_NAMES, MANIFEST_NAME, Manifest, read_manifest, verify
 from recserve.model_store.storage import Storage, join
 from recserve.model_store.tf_checkpoint import (
     STATE_FILE,
@@ -33,8 +33,6 @@ __all__ = [
     "read_version_manifest",
 ]
 
-# The first is what recserve writes; the second is what DeepRec's code writes.
-DELTA_DIR_NAMES = (".incremental_ckpt", ".incremental_checkpoint")
 
 
 @dataclass(frozen=True)

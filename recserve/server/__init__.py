@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from recserve.server.runner import serve
+    from recserve.server.launch import serve
 
 __all__ = ["serve"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "serve":
-        from recserve.server.runner import serve
+        from recserve.server.launch import serve
 
         return serve
     raise AttributeError(f"module 'recserve.server' has no attribute {name!r}")

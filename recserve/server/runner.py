@@ -1,7 +1,8 @@
-"""`serve`: one process serving every model of a config over HTTP and gRPC.
+"""`run_server`: one process (or one worker of a pool) serving every model of a config over
+HTTP and gRPC.
 
-Startup: parse the config, bind both ports (a taken port fails here, before any model
-loads), then load the models on background threads, so the server is live at once and
+Startup: bind both ports (a taken port fails here, before any model
+loads), then load the models on background threads (a pool's worker: load, then bind), so the server is live at once and
 ready when every model is loaded. SIGTERM or SIGINT: readiness turns false, both
 servers stop accepting, requests already accepted finish (up to `GRACE_SECONDS`), then
 the processors close.
@@ -19,13 +20,12 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import grpc
 import uvicorn
 import uvloop
 
-from recserve.config import ProcessorConfig, parse_model_configs
+from recserve.config import ProcessorConfig
 from recserve.errors import RecserveError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
@@ -36,9 +36,8 @@ from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelRegistry
 from recserve.server.settings import ServerSettings
-from recserve.server.worker_count import worker_count
 
-__all__ = ["GRACE_SECONDS", "serve"]
+__all__ = ["GRACE_SECONDS", "run_server"]
 
 log = logging.getLogger("recserve.server")
 
@@ -75,20 +74,6 @@ def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
-
-
-def serve(config_path: str, *, host: str = "127.0.0.1", http_port: int = 8080, grpc_port: int = 8500,
-          workers: int | str = 1) -> int:
-    """Serve until SIGTERM/SIGINT; returns the exit code (0 after a graceful stop).
-    Raises RecserveError (ConfigError, ...) when the config or a port is unusable.
-    workers: N or "auto" worker processes sharing one copy of the tables (DESIGN §9)."""
-    configs = parse_model_configs(Path(config_path))
-    count = worker_count(workers, [c for _, c in configs])
-    if count > 1:
-        from recserve.server.workers import serve_pool
-
-        return serve_pool(configs, count, host=host, http_port=http_port, grpc_port=grpc_port)
-    return run_server(configs, ModelRegistry(configs), host=host, http_port=http_port, grpc_port=grpc_port)
 
 
 def run_server(
