@@ -78,7 +78,7 @@ def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
 
 def run_server(
     configs: Sequence[tuple[str, ProcessorConfig]], models: ModelRegistry, *, host: str, http_port: int,
-    grpc_port: int, reuse_port: bool = False,
+    grpc_port: int, reuse_port: bool = False, listen_when_ready: bool = False,
 ) -> int:
     """Serve `models` on both ports until SIGTERM/SIGINT (one process, or one worker of a pool)."""
     settings = ServerSettings.resolve([c for _, c in configs])
@@ -88,11 +88,11 @@ def run_server(
     ctx = ServerContext(models=models, dispatcher=Dispatcher(models, metrics), metrics=metrics,
                         settings=settings, workers=workers, inline=inline)
 
-    if reuse_port:
-        # A worker of a pool joins the shared ports only once it serves every model: the
-        # kernel hands a listener its share of new connections at once, and a worker still
-        # loading would answer them 503 while its siblings could serve them (the leader
-        # checked the ports were free before starting any worker).
+    if listen_when_ready:
+        # A worker replacing one that exited joins the shared ports only once it serves every
+        # model: the kernel hands a listener its share of new connections at once, and a
+        # worker still loading would answer them 503 while its siblings serve. (The pool's
+        # first workers listen at once, like one process: the server is live while it loads.)
         models.start()
         while not models.locally_ready:
             time.sleep(0.02)
@@ -108,7 +108,7 @@ def run_server(
         timeout_graceful_shutdown=int(GRACE_SECONDS), timeout_keep_alive=settings.keepalive_s,  # type: ignore[arg-type]
         http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused),
     ))
-    if not reuse_port:
+    if not listen_when_ready:
         models.start()
     grpc_server.start()
     models.listening.set()  # HTTP's listener was bound and listening above

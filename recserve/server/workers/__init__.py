@@ -49,7 +49,7 @@ def _claim_port(host: str, port: int, what: str) -> socket.socket:
     return sock
 
 
-def _worker_main(index: int, *, address: str, authkey: bytes, configs: Sequence[tuple[str, ProcessorConfig]],
+def _worker_main(index: int, replacement: bool, *, address: str, authkey: bytes, configs: Sequence[tuple[str, ProcessorConfig]],
                  host: str, http_port: int, grpc_port: int) -> int:
     from recserve.embedding import shared_memory
     from recserve.server.runner import run_server
@@ -64,7 +64,8 @@ def _worker_main(index: int, *, address: str, authkey: bytes, configs: Sequence[
         registry = ModelRegistry(
             configs, pool=pool, make_processor=lambda e: FollowerProcessor(pool, e.name, e.config, e.progress))
         pool.attach(registry)
-        return run_server(configs, registry, host=host, http_port=http_port, grpc_port=grpc_port, reuse_port=True)
+        return run_server(configs, registry, host=host, http_port=http_port, grpc_port=grpc_port, reuse_port=True,
+                          listen_when_ready=replacement)
     except RecserveError as exc:
         log.error("worker %d: %s", index, exc.message)
         return 2

@@ -274,6 +274,7 @@ class Leader:
         self.registry.start()
         backoff = {index: _Backoff() for index in range(self.count)}
         due: dict[int, float] = {index: 0.0 for index in range(self.count)}
+        restarted: set[int] = set()  # slots spawned once already: the next spawn replaces a worker
         code = 0
         while not self._stopping.is_set():
             now = time.monotonic()
@@ -281,7 +282,8 @@ class Leader:
                 if when <= now:
                     del due[index]
                     backoff[index].started = now
-                    self._zygote.spawn(index)
+                    self._zygote.spawn(index, replacement=index in restarted)
+                    restarted.add(index)
             for kind, index, pid, status in self._zygote.events(0.2):
                 if kind == "started":
                     self._pids[index] = pid

@@ -4,7 +4,7 @@ Forking a process that runs threads (the leader's loaders, watchers, ONNX Runtim
 copies locks some thread may hold; forking this single-threaded copy never does. The
 leader forks it right after importing everything and reserving the shared arena, so every
 worker forked from it shares the interpreter's pages, the imported modules and the arena's
-address range with the leader (DESIGN §9). It answers "spawn <index>" with the new pid
+address range with the leader (DESIGN §9). It answers "spawn <index> <replacement>" with the new pid
 and reports every exit with its status; it dies with the leader (PR_SET_PDEATHSIG) and
 so do the workers with it.
 """
@@ -36,7 +36,7 @@ class Zygote:
     """The leader's handle on its zygote. `spawn` is called from one thread; `events` from
     one (the supervisor's)."""
 
-    def __init__(self, worker_main: Callable[[int], int]) -> None:
+    def __init__(self, worker_main: Callable[[int, bool], int]) -> None:
         leader_end, zygote_end = socket.socketpair()
         leader = os.getpid()
         gc.collect()
@@ -56,9 +56,10 @@ class Zygote:
         self._socket = leader_end
         self._buffer = b""
 
-    def spawn(self, index: int) -> None:
-        """Ask for worker `index`; its pid comes back as an ("started", index, pid) event."""
-        self._socket.sendall(f"spawn {index}\n".encode())
+    def spawn(self, index: int, *, replacement: bool = False) -> None:
+        """Ask for worker `index` (`replacement`: of one that exited); its pid comes back as a
+        ("started", index, pid) event."""
+        self._socket.sendall(f"spawn {index} {int(replacement)}\n".encode())
 
     def stop(self) -> None:
         try:
@@ -84,7 +85,7 @@ class Zygote:
         return out
 
 
-def _zygote_loop(sock: socket.socket, worker_main: Callable[[int], int]) -> int:
+def _zygote_loop(sock: socket.socket, worker_main: Callable[[int, bool], int]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the leader stops workers, then us
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     me = os.getpid()
@@ -112,7 +113,7 @@ def _zygote_loop(sock: socket.socket, worker_main: Callable[[int], int]) -> int:
             words = line.decode().split()
             if words[0] == "exit":
                 return 0
-            index = int(words[1])
+            index, replacement = int(words[1]), words[2:] == ["1"]
             pid = os.fork()
             if pid == 0:
                 sock.close()
@@ -121,7 +122,7 @@ def _zygote_loop(sock: socket.socket, worker_main: Callable[[int], int]) -> int:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 code = 1
                 try:
-                    code = worker_main(index)
+                    code = worker_main(index, replacement)
                 finally:
                     os._exit(code)
             workers[pid] = index
