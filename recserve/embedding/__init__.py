@@ -73,11 +73,12 @@ else:
 
     IMPLEMENTATION = "native"
 
-from recserve.embedding._inputs import empty_rows
+from recserve.embedding._inputs import DuplicateKeyError, empty_rows
 from recserve.embedding.tiers import TierSpec, tier_spec
 
 __all__ = [
     "IMPLEMENTATION",
+    "DuplicateKeyError",
     "EmbeddingTable",
     "LookupPlan",
     "TierSpec",

@@ -189,6 +189,14 @@ def check_column(where: str, what: str, column: Any, n: int) -> None:
         )
 
 
+class DuplicateKeyError(ValueError):
+    """A table's keys hold `key` more than once (raised as the table is created)."""
+
+    def __init__(self, table: str, key: int) -> None:
+        super().__init__(f"table {table!r}: key {key} occurs more than once in keys")
+        self.key = key
+
+
 def duplicate_key(keys: np.ndarray) -> int | None:
     """The first key, in order, that already occurred earlier in keys (None if all differ)."""
     _, first = np.unique(keys, return_index=True)

@@ -200,7 +200,7 @@ class EmbeddingTable:
         else:
             status = self._create_tiered(where, storage, default_args, freqs, handle, detail)
         if status == _EDUPLICATE:
-            raise ValueError(f"{where}: key {detail.value} occurs more than once in keys")
+            raise _inputs.DuplicateKeyError(name, detail.value)
         _check(status, f"loading {where}")
         self._handle = handle.value
         self._writer: threading.Lock | None = threading.Lock()

@@ -56,7 +56,7 @@ class EmbeddingTable:
         _inputs.check_column(where, "versions", versions, len(keys))
         duplicate = _inputs.duplicate_key(keys)
         if duplicate is not None:
-            raise ValueError(f"table {name!r}: key {duplicate} occurs more than once in keys")
+            raise _inputs.DuplicateKeyError(name, duplicate)
         if storage is not None:
             self._tier = TierStore(where, self._dim, keys, values, freqs, storage)
             self._writer = self._tier.lock

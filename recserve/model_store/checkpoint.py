@@ -89,7 +89,7 @@ def _mapped_rows(path: str, name: str) -> np.ndarray | None:
     return np.frombuffer(mapping, dtype="<f4", count=count, offset=8 + header_size + begin).reshape(shape[0], shape[1])
 
 
-def read_table(storage: Storage, path: str) -> TableData:
+def read_table(storage: Storage, path: str, *, check_unique: bool = True) -> TableData:
     tensors = _read_tensors(storage, path, rows="values")
     unknown = sorted(set(tensors) - set(TABLE_TENSORS))
     if unknown:
@@ -100,7 +100,7 @@ def read_table(storage: Storage, path: str) -> TableData:
     if missing:
         raise CorruptVersionError(f"{path}: missing tensor(s) {missing}")
     try:
-        return TableData(**tensors)
+        return TableData(**tensors, check_unique=check_unique)
     except CorruptVersionError as exc:
         raise CorruptVersionError(f"{path}: {exc}") from exc
 
@@ -126,7 +126,9 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, ta
     """Read every table and the dense file listed in `manifest`; with tables=False only the
     dense file (a replica serving tables from Redis reads rows only if it imports them).
 
-    Does not verify checksums: call `verify` first (`newest_complete_version` does).
+    Does not verify checksums: call `verify` first (`newest_complete_version` does). A full
+    version's tables are not checked for duplicate keys here: bound_table_rows checks them,
+    or leaves it to the engine's index build (build_tables); a delta's are.
     Files the manifest lists outside `embedding/*.safetensors` and `dense.safetensors`
     are left alone."""
     if manifest.format == TF_BUNDLE_FORMAT:
@@ -143,7 +145,7 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, ta
         elif tables and name.startswith(EMBEDDING_DIR) and name.endswith(TABLE_SUFFIX):
             table = name[len(EMBEDDING_DIR) : -len(TABLE_SUFFIX)]
             if table:
-                rows[table] = read_table(storage, join(ref.path, name))
+                rows[table] = read_table(storage, join(ref.path, name), check_unique=manifest.kind == "delta")
     return Checkpoint(ref=ref, manifest=manifest, tables=rows, dense=dense,
                       with_tables=None if tables else lambda: load_checkpoint(storage, ref, manifest))
 
@@ -155,9 +157,12 @@ def _tf_prefix(ref: VersionRef, manifest: Manifest) -> str:
 
 def bound_table_rows(
     bindings: Sequence[EmbeddingBinding], checkpoint: Checkpoint, names: Callable[[str], str] = str,
+    *, engine_checks_keys: bool = False,
 ) -> dict[str, tuple[EmbeddingBinding, TableData]]:
     """Each table the bindings name, with its first binding and its rows in `checkpoint`;
-    ModelLoadError when a table is missing or its dim differs from the binding's."""
+    ModelLoadError when a table is missing or its dim differs from the binding's,
+    CorruptVersionError when its keys repeat (unless `engine_checks_keys`: the caller builds
+    EmbeddingTables, whose index build refuses a repeated key; see duplicate_key_error)."""
     found: dict[str, tuple[EmbeddingBinding, TableData]] = {}
     for b in bindings:
         if b.table in found:
@@ -175,5 +180,17 @@ def bound_table_rows(
                 f"table {b.table!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
                 f"but model.json binds it with dim {b.dim}"
             )
+        if not engine_checks_keys:
+            try:
+                data.require_unique()
+            except CorruptVersionError as exc:
+                raise duplicate_key_error(checkpoint, stored, str(exc)) from exc
         found[b.table] = (b, data)
     return found
+
+
+def duplicate_key_error(checkpoint: Checkpoint, table: str, problem: str) -> CorruptVersionError:
+    """The error for a table of `checkpoint` whose keys repeat, naming where it is stored."""
+    where = (join(checkpoint.ref.path, table_file(table)) if checkpoint.manifest.format != TF_BUNDLE_FORMAT
+             else f"{checkpoint.ref.path}: table {table!r}")
+    return CorruptVersionError(f"{where}: {problem}")

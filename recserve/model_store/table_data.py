@@ -24,9 +24,10 @@ class TableData:
     freqs: np.ndarray | None = None
     versions: np.ndarray | None = None
     deleted: np.ndarray | None = None
-    # False: the caller leaves uniqueness to the embedding engine, which refuses a duplicate
-    # key as it builds the index and names it (a sorted copy of the keys costs 8 bytes a row
-    # at the load's peak: a TensorFlow checkpoint's big Embedding Variables skip it).
+    # False: uniqueness is checked later, by require_unique() or by the embedding engine, which
+    # refuses a duplicate key as it builds its index, for free. A sort of the keys costs
+    # ~50 ms a million keys on one core and 8 bytes a row at the load's peak: a full
+    # version's tables skip it on the way into the engine.
     check_unique: InitVar[bool] = True
 
     def __post_init__(self, check_unique: bool) -> None:
@@ -47,13 +48,22 @@ class TableData:
                     )
         if self.deleted is not None:
             _check_array("deleted", self.deleted, np.int64, 1)
-        if n > 1 and check_unique:
+        self._unique_checked = False
+        if check_unique:
+            self.require_unique()
+
+    def require_unique(self) -> None:
+        """CorruptVersionError if a key occurs twice (checked once)."""
+        if self._unique_checked:
+            return
+        if len(self.keys) > 1:
             ordered = np.sort(self.keys)
             dup = ordered[1:][ordered[1:] == ordered[:-1]]
             if dup.size:
                 raise CorruptVersionError(
                     f"keys holds {dup.size} duplicate(s), e.g. {int(dup[0])}; keys must be unique"
                 )
+        self._unique_checked = True
 
     @property
     def dim(self) -> int:

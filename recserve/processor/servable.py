@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from recserve.config import ProcessorConfig
-from recserve.embedding import EmbeddingTable, LookupPlan, string_keys, tier_spec
+from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, string_keys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
-from recserve.errors import ModelLoadError, RequestError
+from recserve.errors import CorruptVersionError, ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
-from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, table_file
+from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, duplicate_key_error, table_file
 from recserve.model_store.load_threads import map_in_threads
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT
 from recserve.model_store.model_dir import ModelDir
@@ -56,10 +56,12 @@ def build_tables(
             if progress is not None and entry is not None:
                 progress(entry.size)
             return table
+        except DuplicateKeyError as exc:
+            return duplicate_key_error(checkpoint, names(name), f"keys hold {exc.key} more than once; keys must be unique")
         except Exception as exc:  # noqa: BLE001  (raised below, once every other table is closed)
             return exc
 
-    rows = bound_table_rows(bindings, checkpoint, names)
+    rows = bound_table_rows(bindings, checkpoint, names, engine_checks_keys=True)
     # Tables build side by side: the copy into the engine's layout and the index build
     # release the GIL (recserve.model_store.load_threads).
     built = map_in_threads(build, rows.items())
@@ -81,6 +83,10 @@ def placed_tables(placed: PlacedModel, checkpoint: Checkpoint, names: Callable[[
         table = EmbeddingTable(name, rows.shape[1], np.arange(len(rows), dtype=np.int64), rows)
         data = checkpoint.tables.get(names(name))
         if data is not None:
+            try:
+                data.require_unique()  # upsert would keep a repeated key's last row silently
+            except CorruptVersionError as exc:
+                raise duplicate_key_error(checkpoint, names(name), str(exc)) from exc
             if data.values.shape[1] != rows.shape[1]:
                 raise ModelLoadError(
                     f"table {name!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "

@@ -61,6 +61,10 @@ class Admission:
         """The request's turn: its place is freed; raises OverloadedError when it waited too
         long or its client's deadline (time.monotonic() clock) has passed, and it must not run."""
         self.leave()
+        self.check_wait(arrived, deadline)
+
+    def check_wait(self, arrived: float, deadline: float | None = None) -> None:
+        """OverloadedError if a request that arrived at `arrived` may no longer run now."""
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             raise OverloadedError(
@@ -74,13 +78,14 @@ class Admission:
 
 
 class AdmittedHandler:
-    """A dispatcher handler that first takes its turn in `admission` (see Admission.start);
-    `settle()` after the dispatch gives the place up if the handler never ran (the model
-    could not be found or leased), so no place leaks."""
+    """A dispatcher handler that first takes its turn in `admission` (see Admission.start;
+    None: the model was not found, and the handler never runs); `settle()` after the dispatch
+    gives the place up if the handler never ran (the model could not be found or leased), so
+    no place leaks."""
 
     __slots__ = ("_admission", "_arrived", "_deadline", "_handler", "_started")
 
-    def __init__(self, handler: Callable[..., Any], admission: Admission, arrived: float,
+    def __init__(self, handler: Callable[..., Any], admission: Admission | None, arrived: float,
                  deadline: float | None) -> None:
         self._handler = handler
         self._admission = admission
@@ -90,9 +95,10 @@ class AdmittedHandler:
 
     def __call__(self, *args: Any) -> Any:
         self._started = True
-        self._admission.start(self._arrived, self._deadline)
+        if self._admission is not None:
+            self._admission.start(self._arrived, self._deadline)
         return self._handler(*args)
 
     def settle(self) -> None:
-        if not self._started:
+        if not self._started and self._admission is not None:
             self._admission.leave()

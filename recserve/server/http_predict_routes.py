@@ -14,6 +14,8 @@ FastAPI's shapes: JSON errors, 405 with Allow, one trailing slash accepted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -37,7 +39,7 @@ from recserve.server.http_common import (
 )
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PredictRoutes", "match"]
+__all__ = ["PredictCall", "PredictRoutes", "match", "predict_call"]
 
 log = logging.getLogger("recserve.server")
 
@@ -60,6 +62,52 @@ def match(path: str) -> tuple[str, tuple[str, ...]] | None:
         if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
             return "kserve", (parts[0], parts[2])
     return None
+
+
+@dataclass
+class PredictCall:
+    """One prediction request, ready to dispatch: which model (`model`, the name the URL gives,
+    found by `find`), what runs on it (`handler`), and how its outcome becomes an answer."""
+
+    route: str  # "eas" or "kserve"
+    model: str
+    find: Callable[[], ModelEntry]
+    handler: Handler
+    respond: Callable[[Outcome], Response]
+
+
+def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: bytes,
+                 header_length: str | None = None) -> PredictCall:
+    """The call for a route `match` found (`kind`, `names`) and its whole (decompressed) body;
+    `header_length`: KServe's Inference-Header-Content-Length header, if sent."""
+    served: list[RequestTrace] = []
+    if kind == "eas":
+        service, model = names[0], names[1] if len(names) > 1 else None
+        models = ctx.models
+        find = (lambda: models.get(model)) if model is not None else (lambda: models.for_service(service))
+
+        def respond_eas(outcome: Outcome) -> Response:
+            status, result = outcome
+            if status != 200:
+                return error_response(status, result)
+            return Response(result, media_type="application/json" if not body else PROTOBUF,
+                            headers=served_headers(served))
+        return PredictCall("eas", model or service, find, _eas_handler(body, served), respond_eas)
+    name, version = names[0], names[1] if len(names) > 1 else None
+    if header_length is not None and not header_length.isdigit():
+        raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header_length!r}")
+
+    def respond_kserve(outcome: Outcome) -> Response:
+        status, result = outcome
+        if status != 200:
+            return error_response(status, result)
+        payload, json_length = result
+        headers = served_headers(served)
+        if json_length is None:
+            return Response(payload, media_type="application/json", headers=headers)
+        return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length), **headers})
+    handler = _kserve_handler(body, int(header_length) if header_length is not None else None, version, served)
+    return PredictCall("kserve", name, lambda: ctx.models.get(name), handler, respond_kserve)
 
 
 def _eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
@@ -105,7 +153,7 @@ class PredictRoutes:
             kind, names = route
             request = Request(scope, receive)
             try:
-                response = await (self._eas(request, *names) if kind == "eas" else self._kserve(request, *names))
+                response = await self._predict(request, kind, names)
             except RecserveError as exc:
                 response = error_response(exc.status, exc.message)
             except ClientDisconnect:
@@ -118,35 +166,12 @@ class PredictRoutes:
                 response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
         await response(scope, receive, send)
 
-    async def _eas(self, request: Request, service: str, model: str | None = None) -> Response:
-        models = self._ctx.models
-        body = await request_body(self._ctx, request, "eas", model or service)
+    async def _predict(self, request: Request, kind: str, names: tuple[str, ...]) -> Response:
+        body = await request_body(self._ctx, request, kind, names[-1] if kind == "eas" else names[0],
+                                  decompress=kind == "kserve")
         arrived = received_at(request)
         deadline = request_deadline(request, arrived)
-        find = (lambda: models.get(model)) if model is not None else (lambda: models.for_service(service))
-        served: list[RequestTrace] = []
-        status, result = await dispatch(self._ctx, "eas", model or service, len(body), find,
-                                        _eas_handler(body, served), deadline, arrived)
-        if status != 200:
-            return error_response(status, result)
-        return Response(result, media_type="application/json" if not body else PROTOBUF,
-                        headers=served_headers(served))
-
-    async def _kserve(self, request: Request, name: str, version: str | None = None) -> Response:
-        body = await request_body(self._ctx, request, "kserve", name, decompress=True)
-        arrived = received_at(request)
-        deadline = request_deadline(request, arrived)
-        header = request.headers.get(kserve.HEADER_LENGTH)
-        if header is not None and not header.isdigit():
-            raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header!r}")
-        served: list[RequestTrace] = []
-        handler = _kserve_handler(body, int(header) if header is not None else None, version, served)
-        status, result = await dispatch(
-            self._ctx, "kserve", name, len(body), lambda: self._ctx.models.get(name), handler, deadline, arrived)
-        if status != 200:
-            return error_response(status, result)
-        payload, json_length = result
-        headers = served_headers(served)
-        if json_length is None:
-            return Response(payload, media_type="application/json", headers=headers)
-        return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length), **headers})
+        call = predict_call(self._ctx, kind, names, body, request.headers.get(kserve.HEADER_LENGTH))
+        outcome = await dispatch(self._ctx, call.route, call.model, len(body), call.find, call.handler,
+                                 deadline, arrived)
+        return call.respond(outcome)

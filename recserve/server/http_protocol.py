@@ -10,6 +10,11 @@ body within `body_seconds` of its headers; otherwise the connection is closed an
 closed as soon as it is accepted (`recserve_http_connections_refused_total`): the kernel's
 accept queue, not the server's memory, absorbs a flood.
 
+A request the FastLane wants (recserve.server.http_fast_lane) gets no ASGI task when its
+headers arrive: its body gathers here and the fast lane answers it as the last byte arrives,
+the answer written straight to the transport (or, when the fast lane declines, the task
+starts then, and the app reads the body already gathered).
+
 Event-loop only, like uvicorn's protocol it extends.
 """
 
@@ -21,11 +26,36 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-RECEIVED_KEY = "recserve.received"  # ASGI scope key: when the request's last byte arrived
+from recserve.server.http_common import RECEIVED_KEY
+from recserve.server.http_fast_lane import FastLane
 
 __all__ = ["ConnectionLimits", "guarded_protocol"]
+
+
+class IoBatchClock:
+    """When the event loop began its current batch of I/O callbacks: data handled in that
+    batch was already in its socket then. Requests behind many others on a busy loop wait
+    in socket buffers, where no queue sees them; stamping a request with its batch's start
+    (a lower bound of its arrival) lets admission count that wait (max_queue_ms) and turn
+    the excess away cheaply instead of running it late. The batch ends at the loop's next
+    ready-callback phase (call_soon), once per loop iteration, not per request."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+
+    def mark(self, loop: asyncio.AbstractEventLoop) -> float:
+        start = self._start
+        if start is None:
+            start = self._start = time.monotonic()
+            loop.call_soon(self._end)
+        return start
+
+    def _end(self) -> None:
+        self._start = None
 
 
 @dataclass(frozen=True)
@@ -35,12 +65,21 @@ class ConnectionLimits:
     max_connections: int
 
 
-def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Counter) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol class bound to `limits` and the two counters."""
+def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Counter,
+                     fast_lane: FastLane | None = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class bound to `limits`, the two counters and `fast_lane`."""
     header_timeouts, body_timeouts = timeouts.labels("header"), timeouts.labels("body")
+    clock = IoBatchClock()
 
     class GuardedHttpProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
+        _in_headers = False
+        _held: RequestResponseCycle | None = None  # a request the fast lane took, body gathering
+        _batch = 0.0  # IoBatchClock.mark() of the read being parsed
+
+        def data_received(self, data: bytes) -> None:
+            self._batch = clock.mark(self.loop)
+            super().data_received(data)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -52,24 +91,62 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._held is not None and fast_lane is not None:
+                fast_lane.gone(self._held.scope["path"])
+            self._held = None
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
+            # A request pipelined behind one the fast lane answered within the same read:
+            # the keep-alive timer that answer armed must not run during this one.
+            self._unset_keepalive_if_required()
             super().on_message_begin()
             self._arm(limits.header_seconds, header_timeouts)
 
         def on_headers_complete(self) -> None:
             self._disarm()
-            super().on_headers_complete()
+            self._in_headers = True
+            try:
+                super().on_headers_complete()
+            finally:
+                self._in_headers = False
             if self.cycle is not None and self.cycle.more_body:
                 self._arm(limits.body_seconds, body_timeouts)
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+            if (fast_lane is not None and self._in_headers and app is self.app
+                    and fast_lane.wants(cycle.scope["method"], cycle.scope["path"], self.headers)):
+                self._held = cycle
+                return
+            super()._start_asgi_task(cycle, app)
 
         def on_message_complete(self) -> None:
             self._disarm()
             if self.cycle is not None:
                 # Admission counts a request's wait from here (http_common.received_at).
-                self.cycle.scope[RECEIVED_KEY] = time.monotonic()  # type: ignore[literal-required]
+                self.cycle.scope[RECEIVED_KEY] = self._batch  # type: ignore[literal-required]
             super().on_message_complete()
+            cycle, self._held = self._held, None
+            if cycle is not None and cycle is self.cycle and fast_lane is not None:
+                self._answer_fast(cycle, fast_lane)
+
+        def _answer_fast(self, cycle: RequestResponseCycle, lane: FastLane) -> None:
+            response = lane.answer(cycle.scope["path"], self.headers, cycle.body, self._batch)
+            if response is None:
+                super()._start_asgi_task(cycle, self.app)
+                return
+            content = [STATUS_LINE[response.status_code]]
+            for name, value in (*self.server_state.default_headers, *response.raw_headers):
+                content.extend((name, b": ", value, b"\r\n"))
+            if not cycle.keep_alive:
+                content.append(b"connection: close\r\n")
+            content.extend((b"\r\n", response.body))
+            self.transport.write(b"".join(content))
+            cycle.response_started = cycle.response_complete = True
+            if cycle.keep_alive:
+                self.on_response_complete()
+            else:
+                self.transport.close()
 
         def _arm(self, seconds: float, counter: Any) -> None:
             self._disarm()

@@ -31,8 +31,13 @@ class InlinePolicy:
         """Whether a request for `model` with a body of `body_bytes` runs on the loop. A model
         not seen yet runs on a worker first, so a slow one never stalls the loop unmeasured."""
         mean = self._mean.get(model)
-        return mean is not None and mean <= self.max_seconds and body_bytes <= self.max_bytes
+        return mean is not None and 0 < self.max_seconds and mean <= self.max_seconds and body_bytes <= self.max_bytes
 
     def record(self, model: str, seconds: float) -> None:
+        # One slow run (a GC pass, the GIL held by a worker thread) must not move a short model
+        # off the loop: requests then sent to workers starve behind the loop's inline runs
+        # A run counts for at most twice the limit, so only a sustained change moves the mean
+        # across it.
+        seconds = min(seconds, 2 * self.max_seconds)
         mean = self._mean.get(model)
         self._mean[model] = seconds if mean is None else mean + _WEIGHT * (seconds - mean)

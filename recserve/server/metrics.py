@@ -58,6 +58,7 @@ class ServerMetrics:
                                           registry=self.registry)
         self.registry.register(ModelCollector(models))
         self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         # Worker processes (PROMETHEUS_MULTIPROC_DIR set by `recserve serve --workers`): the
         # counters and histograms of every process, read from their files, plus the models.
         self._pool_registry: CollectorRegistry | None = None
@@ -68,10 +69,16 @@ class ServerMetrics:
 
     def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace) -> None:
         if status != 200:
-            code = str(status)
-            self.requests.labels(model, route, code).inc()
-            self.latency.labels(model, route).observe(seconds)
-            self.errors.labels(model, route, code).inc()
+            # Refusals come in floods (admission control): their children are cached too.
+            failed = self._failed.get((model, route, status))
+            if failed is None:
+                code = str(status)
+                failed = self._failed[(model, route, status)] = (
+                    self.requests.labels(model, route, code), self.latency.labels(model, route),
+                    self.errors.labels(model, route, code))
+            failed[0].inc()
+            failed[1].observe(seconds)
+            failed[2].inc()
             return
         # labels() costs a lock and a dict lookup per metric (~15 us a request for all of
         # them): a 200's children are looked up once per (model, route). Labels are bounded

@@ -30,7 +30,9 @@ from recserve.errors import RecserveError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
 from recserve.server.grpc_services import build_grpc_server
+from recserve.server.http_accept import GreedyListener
 from recserve.server.http_app import build_app
+from recserve.server.http_fast_lane import FastLane
 from recserve.server.http_protocol import ConnectionLimits, guarded_protocol
 from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
@@ -49,11 +51,24 @@ WORKERS = max(4, min(32, 2 * (os.cpu_count() or 1)))
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn's server without its own signal handling (serve() owns SIGTERM/SIGINT)."""
+    """uvicorn's server without its own signal handling (serve() owns SIGTERM/SIGINT),
+    listening through GreedyListener (recserve.server.http_accept) instead of the loop's
+    own server."""
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state)
+
+        loop = asyncio.get_running_loop()
+        self.servers = [GreedyListener(sock, create_protocol, loop) for sock in sockets or []]  # type: ignore[misc]
 
 
 def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
@@ -106,7 +121,7 @@ def run_server(
     http_server = _Uvicorn(uvicorn.Config(
         build_app(ctx), log_level="warning", access_log=False, lifespan="off",
         timeout_graceful_shutdown=int(GRACE_SECONDS), timeout_keep_alive=settings.keepalive_s,  # type: ignore[arg-type]
-        http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused),
+        http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused, FastLane(ctx)),
     ))
     if not listen_when_ready:
         models.start()

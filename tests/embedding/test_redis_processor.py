@@ -77,9 +77,9 @@ def test_only_the_importer_reads_table_files(
     reads: list[str] = []
     original = checkpoint.read_table
 
-    def counting(storage: Any, path: str) -> Any:
+    def counting(storage: Any, path: str, **options: Any) -> Any:
         reads.append(path)
-        return original(storage, path)
+        return original(storage, path, **options)
 
     monkeypatch.setattr(checkpoint, "read_table", counting)
     importer = Processor(redis_config(demo, redis_server))

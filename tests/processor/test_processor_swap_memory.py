@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from recserve.embedding import IMPLEMENTATION
@@ -63,3 +64,40 @@ def test_after_a_full_swap_memory_is_a_fresh_load_of_the_new_version(one_big_tab
     table_bytes = ROWS * DIM * 4
     print(f"anonymous memory after a swap {swapped / 2**20:.0f} MiB, fresh load {fresh / 2**20:.0f} MiB, table {table_bytes / 2**20:.0f} MiB")
     assert abs(swapped - fresh) <= 0.05 * table_bytes, (swapped, fresh, table_bytes)
+
+
+def test_a_full_version_with_a_repeated_key_is_refused_naming_file_and_key(one_big_table) -> None:
+    # A full version's keys are checked by the engine's index build (no sort on the load's
+    # path): the refusal must still name the file and the key, and version 1 keeps serving.
+    import hashlib
+    import shutil
+    import time
+
+    import safetensors.numpy
+
+    from recserve import Processor
+
+    model_dir, checkpoint_dir = one_big_table(8, 4)
+    processor = Processor({"savedmodel_dir": str(model_dir), "checkpoint_dir": str(checkpoint_dir),
+                           "model_update_interval_seconds": 0.1})
+    try:
+        staged = checkpoint_dir.parent / "staged-2"
+        shutil.copytree(checkpoint_dir / "1", staged)
+        table = staged / "embedding" / "big.safetensors"
+        keys = np.array([0, 1, 2, 3, 4, 5, 6, 5], dtype=np.int64)
+        safetensors.numpy.save_file({"keys": keys, "values": np.ones((8, 4), np.float32)}, table)
+        manifest = json.loads((staged / "MANIFEST.json").read_text())
+        data = table.read_bytes()
+        manifest["global_step"] = 2
+        manifest["files"]["embedding/big.safetensors"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (staged / "MANIFEST.json").write_text(json.dumps(manifest))
+        staged.rename(checkpoint_dir / "2")
+        deadline = time.monotonic() + 30
+        while processor.model_info()["last_error"] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        error = processor.model_info()["last_error"]
+        assert f"{checkpoint_dir / '2' / 'embedding' / 'big.safetensors'}: keys hold 5 more than once; keys must be unique" \
+            in error, error
+        assert processor.model_info()["version"] == "1"
+    finally:
+        processor.close()

@@ -1,0 +1,118 @@
+"""Short predictions answered inside the HTTP protocol, without an ASGI task.
+
+uvicorn runs every request as a new task through the ASGI app: the task, the receive and
+send coroutines, Starlette's Request and Response and the header lists cost more CPU than a
+batch-1 prediction itself. A prediction that the InlinePolicy keeps on the event loop
+anyway gains nothing from them. So when a request's headers arrive, the HTTP protocol
+(recserve.server.http_protocol) asks `FastLane.wants`: a POST on a prediction route
+(PredictRoutes') with a Content-Length that fits one read and no Content-Encoding,
+Transfer-Encoding or Expect. Its body then gathers in the protocol, and as its last byte
+arrives `FastLane.answer` runs it with the same call (predict_call), admission, dispatcher,
+metrics and answer as PredictRoutes, or declines (None) when its model runs on worker
+threads, and the request takes the ASGI route unchanged.
+
+Event loop only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.responses import Response
+from uvicorn.protocols.http.httptools_impl import HIGH_WATER_LIMIT
+
+from recserve.errors import RecserveError
+from recserve.processor.trace import RequestTrace
+from recserve.server import kserve
+from recserve.server.admission import OverloadedError
+from recserve.server.context import ServerContext
+from recserve.server.http_common import TIMEOUT_HEADER, deadline_from, dispatch_inline, error_response
+from recserve.server.http_predict_routes import match, predict_call
+
+__all__ = ["FastLane"]
+
+log = logging.getLogger("recserve.server")
+
+_TIMEOUT = TIMEOUT_HEADER.encode()
+_HEADER_LENGTH = kserve.HEADER_LENGTH.encode()
+# Headers whose presence sends a request the ASGI way: a body that is not the plain bytes
+# (compressed, chunked) or a client waiting for a 100 Continue.
+_ELSEWHERE = frozenset((b"content-encoding", b"transfer-encoding", b"expect"))
+
+
+class FastLane:
+    def __init__(self, ctx: ServerContext) -> None:
+        self._ctx = ctx
+
+    def _refusal(self, kind: str, names: tuple[str, ...], arrived: float, deadline: float | None,
+                 ) -> Response | None:
+        """The 503 for a request that already waited past its model's max_queue_ms or its
+        deadline on a busy loop, refused before anything else is done for it: a busy loop is
+        when refusals are many, and each costs the requests that are admitted."""
+        models = self._ctx.models
+        try:
+            entry = (models.for_service(names[0]) if kind == "eas" and len(names) == 1
+                     else models.get(names[-1] if kind == "eas" else names[0]))
+        except RecserveError:
+            return None  # an unknown model: the dispatcher answers it, and counts it
+        try:
+            entry.admission.check_wait(arrived, deadline)
+        except OverloadedError as exc:
+            self._ctx.metrics.observe(entry.name, kind, exc.status, 0.0, RequestTrace())
+            return error_response(exc.status, exc.message)
+        return None
+
+    def wants(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether to hold the request's body for `answer` (headers: lower-case names)."""
+        if method != "POST" or match(path) is None:
+            return False
+        length = None
+        for name, value in headers:
+            if name == b"content-length":
+                length = value
+            elif name in _ELSEWHERE:
+                return False
+        # The protocol stops reading past HIGH_WATER_LIMIT bytes of body until the app asks
+        # for more: a body held here must fit below that.
+        limit = min(self._ctx.inline.max_bytes, self._ctx.settings.max_request_bytes, HIGH_WATER_LIMIT)
+        return length is not None and length.isdigit() and int(length) <= limit
+
+    def gone(self, path: str) -> None:
+        """The client of a request `wants` took went away before its body's end (routine for
+        clients with timeouts of their own): counted, logged at DEBUG, as PredictRoutes does."""
+        route = match(path)
+        if route is not None:
+            self._ctx.metrics.client_disconnects.labels(route[0]).inc()
+        log.debug("POST %s: the client went away before the answer", path)
+
+    def answer(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes, arrived: float,
+               ) -> Response | None:
+        """The answer to a request `wants` took, or None when it must take the ASGI route;
+        `arrived`: when it was whole, at the latest (time.monotonic() clock)."""
+        route = match(path)
+        if route is None:
+            return None
+        kind, names = route
+        ctx = self._ctx
+        model = names[-1] if kind == "eas" else names[0]
+        if not ctx.inline.inline(model, len(body)):
+            return None
+        try:
+            header_length = timeout = None
+            for name, value in headers:
+                if name == _HEADER_LENGTH:
+                    header_length = value.decode("latin-1")
+                elif name == _TIMEOUT:
+                    timeout = value.decode("latin-1")
+            deadline = deadline_from(timeout, arrived)
+            refusal = self._refusal(kind, names, arrived, deadline)
+            if refusal is not None:
+                return refusal
+            call = predict_call(ctx, kind, names, body, header_length)
+            return call.respond(dispatch_inline(ctx, call.route, call.model, call.find, call.handler,
+                                                deadline, arrived))
+        except RecserveError as exc:
+            return error_response(exc.status, exc.message)
+        except Exception as exc:  # a bug here must answer 500 and keep serving
+            log.exception("POST %s failed", path)
+            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,104 @@
+"""Predictions answered inside the HTTP protocol (recserve.server.http_fast_lane) and the
+listener that accepts every waiting connection at once (recserve.server.http_accept), over
+real sockets against `recserve serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+
+import httpx
+import numpy as np
+
+from recserve.server.http_accept import GreedyListener
+from recserve.wire.codec import decode_response, encode_request
+
+
+def _read_response(sock: socket.socket, buffer: bytes) -> tuple[bytes, bytes, bytes]:
+    """(head, body, what follows) of the next response in `buffer` + what `sock` sends."""
+    while b"\r\n\r\n" not in buffer:
+        buffer += sock.recv(65536)
+    head, rest = buffer.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head, rest[:length], rest[length:]
+
+
+def _request(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST /api/predict/default HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def test_pipelined_requests_in_one_write_are_answered_in_order(server, demo, demo_processor) -> None:
+    rng = np.random.default_rng(3)
+    bodies = [encode_request(demo.sample_inputs(batch, rng)) for batch in (1, 3, 2)]
+    url = f"{server.url}/api/predict/default"
+    for _ in range(3):  # the model's run time is measured: later requests take the fast lane
+        assert httpx.post(url, content=bodies[0]).status_code == 200
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(b"".join(_request(body) for body in bodies))
+        rest = b""
+        for body in bodies:
+            head, answer, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200 ")
+            assert b"x-recserve-model-version: " in head.lower()
+            status, expected = demo_processor.process(body)
+            assert status == 200
+            ours, theirs = decode_response(answer), decode_response(expected)
+            assert ours.keys() == theirs.keys()
+            for name in ours:
+                np.testing.assert_array_equal(ours[name], theirs[name])
+        # Still open for more, as keep-alive promises.
+        sock.sendall(_request(bodies[0]))
+        head, _, _ = _read_response(sock, b"")
+        assert head.startswith(b"HTTP/1.1 200 ")
+
+
+def test_connection_close_is_answered_then_closed(server, demo) -> None:
+    body = encode_request(demo.sample_inputs(1, np.random.default_rng(4)))
+    for _ in range(3):
+        httpx.post(f"{server.url}/api/predict/default", content=body)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(_request(body, b"Connection: close\r\n"))
+        head, _, rest = _read_response(sock, b"")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert b"connection: close" in head.lower()
+        assert rest == b"" and sock.recv(10) == b""  # closed by the server
+
+
+def test_a_bad_request_on_the_fast_lane_gets_the_routes_json_error(server, demo) -> None:
+    body = encode_request(demo.sample_inputs(1, np.random.default_rng(5)))
+    for _ in range(3):
+        httpx.post(f"{server.url}/api/predict/default", content=body)
+    answer = httpx.post(f"{server.url}/api/predict/default", content=body,
+                        headers={"X-Request-Timeout-Ms": "soon"})
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "X-Request-Timeout-Ms must be a number of milliseconds >= 0, got 'soon'"}
+    garbage = httpx.post(f"{server.url}/api/predict/default", content=b"\xff\xff\xff")
+    assert garbage.status_code == 400 and "error" in garbage.json()
+
+
+def test_the_listener_accepts_every_waiting_connection_at_once() -> None:
+    # libuv accepts one connection per loop iteration; a busy loop then lets a burst of new
+    # clients wait one iteration each. One readiness must take them all.
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.Protocol] = []
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(128)
+        clients = [socket.create_connection(listening.getsockname()) for _ in range(50)]
+        listener = GreedyListener(listening, lambda: made.append(asyncio.Protocol()) or made[-1], loop)
+        listener._accept()  # one readiness
+        for _ in range(3):
+            await asyncio.sleep(0)  # the transports are made on the loop's next turns
+        listener.close()
+        await listener.wait_closed()
+        for client in clients:
+            client.close()
+        listening.close()
+        return len(made)
+
+    assert asyncio.run(main()) == 50
