@@ -1,0 +1,120 @@
+"""gRPC Predict: what recserve's server adds to a call beyond the Processor, against the floor
+of any Python gRPC server (issue "every model on the fast path", goal 3): grpcio's sync server
+answering fixed bytes, under the same client, in the same run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+
+from benchmarks.load_tools import free_port, tree_cpu_seconds
+from benchmarks.report import Row
+from recserve import Processor
+from recserve.export.demo import write_demo
+from recserve.server.runner import WORKERS
+from recserve.wire.codec import encode_request
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS, SECONDS, ROUNDS = 4, 4.0, 2
+METHOD = "/tensorflow.eas.PredictionService/Predict"
+NOTES = f"""Demo model (`recserve demo`). One client process of {THREADS} threads, each calling
+`{METHOD}` with the same PredictRequest bytes (one channel, raw bytes, no client-side
+parsing) for {SECONDS:.0f} s, against `recserve serve` and against a minimal grpcio sync server
+(benchmarks/peers/grpc_fixed.py, {WORKERS} worker threads like recserve's) answering recserve's
+own answer bytes; {ROUNDS} alternating rounds, the lower CPU per call of each kept. Server CPU per
+call = user+system CPU of the server's process tree over the calls answered; in-process =
+`Processor.process` CPU per call on the same bytes in the benchmark's process. Goal: (server -
+in-process) <= 1.2x the floor's CPU per call."""
+
+
+def _wait_http_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("recserve serve did not become ready")
+
+
+def _cpu_per_call(pid: int, target: str, payload: bytes) -> float:
+    """Server CPU seconds per call under THREADS client threads for SECONDS."""
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(METHOD)
+        for _ in range(200):
+            call(payload, timeout=30)
+        counts = [0] * THREADS
+        stop = time.monotonic() + SECONDS
+
+        def client(k: int) -> None:
+            while time.monotonic() < stop:
+                call(payload, timeout=30)
+                counts[k] += 1
+
+        before = tree_cpu_seconds(pid)
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return (tree_cpu_seconds(pid) - before) / sum(counts)
+
+
+def run() -> list[Row]:
+    root = Path(tempfile.mkdtemp(prefix="recserve-bench-grpc-"))
+    demo = write_demo(root / "demo")
+    http_port, grpc_port, peer_port = free_port(), free_port(), free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
+         str(demo.config_path), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
+    peer = None
+    rows: list[Row] = []
+    try:
+        _wait_http_ready(http_port, server)
+        processor = Processor(json.loads(demo.config_path.read_text()))
+        for batch in (1, 64):
+            body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))
+            status, answer = processor.process(body)
+            assert status == 200, answer
+            (root / "answer.bin").write_bytes(answer)
+            peer = subprocess.Popen([sys.executable, "-m", "benchmarks.peers.grpc_fixed", str(peer_port),
+                                     str(WORKERS), str(root / "answer.bin")], cwd=ROOT, stdout=subprocess.PIPE)
+            assert peer.stdout is not None and peer.stdout.readline().strip() == b"ready"
+            ours, floor = float("inf"), float("inf")
+            for _ in range(ROUNDS):
+                ours = min(ours, _cpu_per_call(server.pid, f"127.0.0.1:{grpc_port}", body))
+                floor = min(floor, _cpu_per_call(peer.pid, f"127.0.0.1:{peer_port}", body))
+            peer.terminate()
+            peer.wait(30)
+            peer = None
+            started = time.process_time()
+            for _ in range(3000):
+                processor.process(body)
+            inside = (time.process_time() - started) / 3000
+            added = ours - inside
+            rows.append(Row(
+                f"gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call minus in-process "
+                f"(server {ours * 1e6:.0f} us, Processor.process {inside * 1e6:.0f} us) / a minimal grpcio "
+                "server's CPU per call",
+                f"{added * 1e6:.0f} us", f"grpcio floor {floor * 1e6:.0f} us", added / floor, "<= 1.2",
+                added / floor <= 1.2))
+        processor.close()
+        return rows
+    finally:
+        for proc in (server, peer):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
