@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -97,18 +98,79 @@ static int index_push(index_list* l, rs_index* v) {
 
 /* ---- the table (struct rs_table is in embedding_internal.h) ---- */
 
+static int32_t reader_slot; /* this process's (rs_set_reader_slot) */
+
+int rs_set_reader_slot(int32_t slot) {
+    if (slot < 0 || slot >= RS_READER_SLOTS) return RS_EINVAL;
+    reader_slot = slot;
+    return RS_OK;
+}
+
+/* The tables this process created and has not freed, for rs_reset_reader_slot: a list in
+ * the process's own heap (never in the shared arena: a worker's copy must not write into the
+ * leader's tables). */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static rs_table** live_tables;
+static size_t live_len, live_cap;
+
+static int live_add(rs_table* t) {
+    pthread_mutex_lock(&live_lock);
+    if (live_len == live_cap) {
+        size_t cap = live_cap ? 2 * live_cap : 64;
+        rs_table** grown = realloc(live_tables, cap * sizeof(*grown));
+        if (!grown) {
+            pthread_mutex_unlock(&live_lock);
+            return RS_ENOMEM;
+        }
+        live_tables = grown;
+        live_cap = cap;
+    }
+    live_tables[live_len++] = t;
+    pthread_mutex_unlock(&live_lock);
+    return RS_OK;
+}
+
+static void live_remove(rs_table* t) {
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = 0; i < live_len; i++) {
+        if (live_tables[i] == t) {
+            live_tables[i] = live_tables[--live_len];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
+void rs_reset_reader_slot(int32_t slot) {
+    if (slot < 0 || slot >= RS_READER_SLOTS) return;
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = 0; i < live_len; i++) {
+        atomic_store(&live_tables[i]->readers[slot].count[0], 0);
+        atomic_store(&live_tables[i]->readers[slot].count[1], 0);
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
 static uint64_t reader_enter(rs_table* t) {
+    _Atomic int64_t* count = t->readers[reader_slot].count;
     for (;;) {
         uint64_t g = atomic_load(&t->generation);
-        atomic_fetch_add(&t->in_flight[g & 1], 1);
+        atomic_fetch_add(&count[g & 1], 1);
         /* A flip between the load and the increment: the writer may not have counted us. */
         if (atomic_load(&t->generation) == g) return g;
-        atomic_fetch_sub(&t->in_flight[g & 1], 1);
+        atomic_fetch_sub(&count[g & 1], 1);
     }
 }
 
 static void reader_exit(rs_table* t, uint64_t g) {
-    atomic_fetch_sub_explicit(&t->in_flight[g & 1], 1, memory_order_release);
+    atomic_fetch_sub_explicit(&t->readers[reader_slot].count[g & 1], 1, memory_order_release);
+}
+
+/* Whether any process has a read in flight in generation parity `parity`. */
+static bool readers_in(rs_table* t, int parity) {
+    for (int k = 0; k < RS_READER_SLOTS; k++)
+        if (atomic_load(&t->readers[k].count[parity]) != 0) return true;
+    return false;
 }
 
 static int release_waiting(rs_table* t) {
@@ -132,7 +194,7 @@ static int release_waiting(rs_table* t) {
 
 /* Advances the epoch as far as readers allow; never waits. */
 int rs_reclaim(rs_table* t) {
-    if (t->waiting && atomic_load(&t->in_flight[t->waiting_parity]) == 0) {
+    if (t->waiting && !readers_in(t, t->waiting_parity)) {
         if (release_waiting(t)) return RS_ENOMEM;
     }
     if (!t->waiting &&
@@ -144,7 +206,7 @@ int rs_reclaim(rs_table* t) {
         SWAP(slot_list, t->waiting_segments, t->retired_segments);
         t->waiting = true;
         t->waiting_parity = (int)(g & 1);
-        if (atomic_load(&t->in_flight[g & 1]) == 0) return release_waiting(t);
+        if (!readers_in(t, (int)(g & 1))) return release_waiting(t);
     }
     return RS_OK;
 }
@@ -161,8 +223,14 @@ rs_table* rs_table_alloc(int64_t dim, int32_t default_kind, double stddev, uint6
     t->storage.dim = dim;
     for (int k = 0; k < MAX_BLOCKS; k++) atomic_init(&t->storage.blocks[k], NULL);
     atomic_init(&t->generation, 0);
-    atomic_init(&t->in_flight[0], 0);
-    atomic_init(&t->in_flight[1], 0);
+    for (int k = 0; k < RS_READER_SLOTS; k++) {
+        atomic_init(&t->readers[k].count[0], 0);
+        atomic_init(&t->readers[k].count[1], 0);
+    }
+    if (live_add(t)) {
+        rs_mem_free(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -216,6 +284,7 @@ int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t s
 
 void rs_table_free(rs_table* t) {
     if (!t) return;
+    live_remove(t);
     if (t->tier) rs_tier_destroy(t); /* first: no eviction thread may touch t after this */
     rs_index_free(atomic_load(&t->index));
     for (size_t i = 0; i < t->retired_indexes.len; i++) rs_index_free(t->retired_indexes.items[i]);

@@ -79,6 +79,17 @@ RS_API int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uin
                            rs_table** out, int64_t* bad_key);
 /* Frees the table; a tiered one stops its eviction work and deletes its record files. */
 RS_API void rs_table_free(rs_table* t);
+
+/* Worker processes reading tables in shared memory (rs_arena_reserve): each process counts
+ * its in-flight reads in a slot of its own, 0..RS_READER_SLOTS-1 (0 unless set; set once,
+ * before the process's first read). A process that died mid-read leaves its count behind,
+ * and the table's retired memory would never be reclaimed: the process that built the
+ * tables calls rs_reset_reader_slot(k) once the process using slot k is dead and before
+ * another uses k; it zeroes slot k in every table this process created and has not freed.
+ * rs_set_reader_slot returns RS_EINVAL for a slot out of range. */
+#define RS_READER_SLOTS 256
+RS_API int rs_set_reader_slot(int32_t slot);
+RS_API void rs_reset_reader_slot(int32_t slot);
 RS_API int64_t rs_table_size(rs_table* t);
 /* Rows the storage holds (live, retired and free): for tests of slot recycling. */
 RS_API int64_t rs_table_storage_rows(rs_table* t);

@@ -211,9 +211,11 @@ struct rs_table {
     _Atomic int64_t live;
     rs_tier* tier; /* NULL for a DRAM-only table */
 
-    /* Reader epoch (see embedding.h), on its own cache line. */
+    /* Reader epoch (see embedding.h), on its own cache line; readers count in their
+     * process's slot (rs_set_reader_slot), each on a line of its own, so that a process
+     * that dies mid-read can be forgotten (rs_reset_reader_slot). */
     _Alignas(64) _Atomic uint64_t generation;
-    _Atomic int64_t in_flight[2];
+    struct { _Alignas(64) _Atomic int64_t count[2]; } readers[RS_READER_SLOTS];
 
     /* Writer only. Retired memory moves retired -> waiting (at a generation flip) -> free
      * (once the waiting generation has no reader left). Segments are record files. */

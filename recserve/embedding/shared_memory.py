@@ -3,7 +3,9 @@
 The leader of `recserve serve --workers N` calls `reserve()` before it forks anything; from
 then on every table it builds lives in one MAP_SHARED range that its forked workers see at
 the same address, so a worker serves a table from its handle alone (`EmbeddingTable.attach`)
-without a copy of the rows. A worker calls `detach()` right after the fork: it only reads.
+without a copy of the rows. A worker calls `detach(k)` right after the fork: it only reads,
+counting its reads in its own slot of each table's epoch, which the leader resets
+(`forget_reader`) once the worker died.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from recserve.embedding import _inputs
 from recserve.errors import ConfigError
 
-__all__ = ["active", "contains", "default_size", "detach", "reserve", "stats"]
+__all__ = ["MAX_WORKERS", "active", "contains", "default_size", "detach", "forget_reader", "reserve", "stats"]
 
 _state = {"reserved": False, "allocating": False}
 
@@ -43,6 +45,16 @@ def _declare(lib: Any) -> None:
     lib.rs_arena_alloc.argtypes = [ctypes.c_int64]
     lib.rs_arena_free.restype = None
     lib.rs_arena_free.argtypes = [ctypes.c_void_p]
+    lib.rs_set_reader_slot.restype = ctypes.c_int
+    lib.rs_set_reader_slot.argtypes = [ctypes.c_int32]
+    lib.rs_reset_reader_slot.restype = None
+    lib.rs_reset_reader_slot.argtypes = [ctypes.c_int32]
+
+
+# Reader slots of the engine's epoch (native/embedding.h): the leader reads in slot 0,
+# worker k in slot k + 1.
+READER_SLOTS = 256
+MAX_WORKERS = READER_SLOTS - 1
 
 
 def default_size() -> int:
@@ -75,13 +87,27 @@ def reserve(size: int | None = None) -> None:
     _inputs.set_row_allocator(_SharedRows(lib))
 
 
-def detach() -> None:
-    """In a worker just forked: never allocate or free arena memory; tables of its own (none
-    normally) go to the heap."""
+def detach(worker: int) -> None:
+    """In worker `worker` (0-based) just forked: never allocate or free arena memory (tables
+    of its own, none normally, go to the heap), and count reads in the worker's own slot of
+    every table's epoch, so that its death mid-read can be forgotten (`forget_reader`)."""
+    lib = _lib()
+    _declare(lib)
+    if not 0 <= worker < MAX_WORKERS:
+        raise ConfigError(f"worker index {worker} is out of range: at most {MAX_WORKERS} worker processes")
     if _state["reserved"]:
-        _lib().rs_arena_detach()
+        lib.rs_arena_detach()
+    lib.rs_set_reader_slot(worker + 1)
     _state["allocating"] = False
     _inputs.set_row_allocator(None)
+
+
+def forget_reader(worker: int) -> None:
+    """In the leader, once worker `worker` is dead and before its replacement starts: a read
+    it left unfinished no longer holds back the reclamation of any table's retired rows."""
+    lib = _lib()
+    _declare(lib)
+    lib.rs_reset_reader_slot(worker + 1)
 
 
 def active() -> bool:

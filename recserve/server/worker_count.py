@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recserve.config import ProcessorConfig
+from recserve.embedding.shared_memory import MAX_WORKERS
 from recserve.errors import ConfigError
 from recserve.runtime.cpus import available_cpus
 
@@ -21,11 +22,14 @@ def threads_per_worker(configs: Sequence[ProcessorConfig]) -> int:
 def worker_count(value: int | str, configs: Sequence[ProcessorConfig]) -> int:
     """N, or for "auto": the CPUs this process may use divided by `threads_per_worker`."""
     if value == "auto":
-        return max(1, len(available_cpus()) // threads_per_worker(configs))
+        return max(1, min(MAX_WORKERS, len(available_cpus()) // threads_per_worker(configs)))
     try:
         count = int(value)
     except (TypeError, ValueError):
         count = 0
     if count < 1 or str(value).strip() != str(count):
         raise ConfigError(f"--workers must be a positive integer or 'auto', got {value!r}", field="workers")
+    if count > MAX_WORKERS:
+        # Each worker counts its reads in a slot of its own in every table (native/embedding.h).
+        raise ConfigError(f"--workers must be at most {MAX_WORKERS}, got {count}", field="workers")
     return count

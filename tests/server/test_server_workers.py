@@ -236,7 +236,8 @@ def test_pool_refuses_what_it_cannot_share(tmp_path, demo):
     tiered = ("keeps its tables on DRAM + SSD tiers (ev_storage_type 12): worker processes "
               "share in-memory tables only so far; serve it with --workers 1")
     for workers, message in ((2, tiered),
-                             (0, "--workers must be a positive integer or 'auto', got '0'")):
+                             (0, "--workers must be a positive integer or 'auto', got '0'"),
+                             (256, "--workers must be at most 255, got 256")):
         done = subprocess.run([sys.executable, "-m", "recserve.server.cli", "serve", "--config", str(path),
                                "--workers", str(workers)], check=False, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr

@@ -55,7 +55,7 @@ def _worker_main(index: int, replacement: bool, *, address: str, authkey: bytes,
     from recserve.server.runner import run_server
     from recserve.server.workers.follower import FollowerProcessor, PoolClient
 
-    shared_memory.detach()
+    shared_memory.detach(index)
     os.environ["RECSERVE_WORKER_INDEX"] = str(index)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s"))

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
+from recserve.embedding import shared_memory
 from recserve.errors import RecserveError
 from recserve.processor.processor import Processor
 from recserve.processor.servable import Servable
@@ -289,6 +290,7 @@ class Leader:
                     self._pids[index] = pid
                 elif kind == "exited":
                     self._pids.pop(index, None)
+                    shared_memory.forget_reader(index)  # before its replacement reads
                     delay = backoff[index].next_delay()
                     log.error("worker %d (pid %d) exited (%s); restarting it in %.1f s",
                               index, pid, _describe_exit(status), delay)
