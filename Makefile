@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install native redis-server wrk clang serve test test-sanitize fuzz fuzz-merge bench proto docs clean
+.PHONY: peers install native redis-server wrk clang serve test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -70,8 +70,17 @@ fuzz: install clang
 fuzz-merge: install clang
 	$(BIN)/python tests/fuzz/run.py --merge --seconds $(FUZZ_SECONDS)
 
-bench: install redis-server wrk
+bench: install redis-server wrk peers
 	$(BIN)/python -m benchmarks
+
+# The peer servers bench_kserve compares with, in a virtualenv of their own (kserve pins its
+# own fastapi, uvicorn and protobuf).
+peers: .venv-peers/.installed
+
+.venv-peers/.installed:
+	python3 -m venv .venv-peers
+	.venv-peers/bin/pip install -q "kserve>=0.14" "onnxruntime>=1.17"
+	touch $@
 
 proto: install
 	$(BIN)/python -m recserve.proto.generate

@@ -74,11 +74,11 @@ def wrk(url: str, script: Path, *, threads: int, connections: int, seconds: int)
             "timeouts": int(timeouts.group(1)) if timeouts else 0, "p50_ms": ms("50"), "p99_ms": ms("99")}
 
 
-def post_script(directory: Path, body: bytes, name: str) -> Path:
-    """A wrk script POSTing `body` (kept in a file next to it) as application/octet-stream."""
+def post_script(directory: Path, body: bytes, name: str, content_type: str = "application/octet-stream") -> Path:
+    """A wrk script POSTing `body` (kept in a file next to it) as `content_type`."""
     (directory / f"{name}.bin").write_bytes(body)
     script = directory / f"{name}.lua"
     script.write_text(f'wrk.method = "POST"\nlocal f = io.open("{directory / name}.bin", "rb")\n'
                       'wrk.body = f:read("*all")\nf:close()\n'
-                      'wrk.headers["Content-Type"] = "application/octet-stream"\n')
+                      f'wrk.headers["Content-Type"] = "{content_type}"\n')
     return script
