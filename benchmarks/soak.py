@@ -10,9 +10,13 @@ a later delta of the same version: a delta lands table by table while the step i
 after it). Reports requests sent, failed and wrong, p50/p99 per phase, and the server
 tree's memory, open files and threads at start and end.
 
-Not covered here (issue #12 asks for them too): object-store faults through a proxy in front
-of moto, a full disk under ev_storage_path (tiered tables cannot run with workers yet), and
-redis-server killed and restarted.
+With `--store s3` the model and its versions live in an S3 bucket (moto's server) read
+through a proxy that misbehaves on demand (benchmarks/fault_proxy.py), and three more faults
+join the turn, each while a new full version lands: the store answers reads with 500s, holds
+every answer 2 s, or cuts objects short.
+
+Not covered here (issue #12 asks for them too): a full disk under ev_storage_path (tiered
+tables cannot run with workers yet), and redis-server killed and restarted.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.fault_proxy import FaultProxy
 from benchmarks.load_tools import free_port, process_tree, tree_memory
 from recserve import Processor
 from recserve.export import write_checkpoint, write_delta
@@ -40,6 +45,7 @@ from recserve.model_store.checkpoint import TableData
 from recserve.wire.codec import encode_request
 
 ROOT = Path(__file__).resolve().parent.parent
+WARMUP_SECONDS = 10.0
 REQUESTS = 8  # distinct requests, batch 1 (a row is entirely old or new: one answer per state)
 
 
@@ -101,10 +107,67 @@ def _tree_stats(pid: int) -> dict[str, int]:
             "processes": len(process_tree(pid))}
 
 
-def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
+class _Bucket:
+    """moto's S3 server on a free port, a bucket in it, and the fault proxy in front of it."""
+
+    NAME = "soak"
+
+    def __init__(self) -> None:
+        import boto3
+
+        port = free_port()
+        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        endpoint = f"http://127.0.0.1:{port}"
+        self.client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="soak", aws_secret_access_key="soak",
+                                   region_name="us-east-1")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.client.create_bucket(Bucket=self.NAME)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.proxy = FaultProxy(endpoint)
+
+    def config(self) -> dict[str, object]:
+        return {"model_store_type": "oss", "oss_endpoint": self.proxy.url, "oss_access_id": "soak",
+                "oss_access_key": "soak", "savedmodel_dir": f"oss://{self.NAME}/model",
+                "checkpoint_dir": f"oss://{self.NAME}/ckpt"}
+
+    def publish(self, local: Path, prefix: str) -> None:
+        """Upload `local` under `prefix`, every MANIFEST.json last (deepest first), as a
+        trainer publishes a version."""
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        manifests = sorted((p for p in files if p.name == "MANIFEST.json"), key=lambda p: -len(p.parts))
+        for path in [p for p in files if p.name != "MANIFEST.json"] + manifests:
+            self.client.put_object(Bucket=self.NAME, Key=f"{prefix}/{path.relative_to(local).as_posix()}",
+                                   Body=path.read_bytes())
+
+    def delete(self, prefix: str) -> None:
+        listed = self.client.list_objects_v2(Bucket=self.NAME, Prefix=prefix + "/")
+        for item in listed.get("Contents", []):
+            self.client.delete_object(Bucket=self.NAME, Key=item["Key"])
+
+    def close(self) -> None:
+        self.proxy.close()
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local") -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="recserve-soak-"))
     demo = write_demo(root / "demo")
-    config = {**demo.config(), "model_update_interval_seconds": 0.2}
+    local_config = {**demo.config(), "model_update_interval_seconds": 0.2}
+    bucket = _Bucket() if store == "s3" else None
+    config = dict(local_config)
+    if bucket is not None:
+        bucket.publish(demo.model_dir, "model")
+        bucket.publish(demo.version_dir, f"ckpt/{demo.version_dir.name}")
+        config.update(bucket.config())
+        config.pop("warmup_file_name", None)
     config_path = root / "config.json"
     config_path.write_text(json.dumps(config))
     rng = np.random.default_rng(0)
@@ -137,14 +200,13 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
         shutil.rmtree(only, ignore_errors=True)
         only.mkdir()
         shutil.copytree(directory, only / version)
-        processor = Processor({**config, "checkpoint_dir": str(only)})
+        processor = Processor({**local_config, "checkpoint_dir": str(only)})
         try:
             expected[(version, str(step))] = [processor.process(b)[1] for b in bodies]
         finally:
             processor.close()
 
     reference("1", 0, demo.version_dir)
-    start_stats = _tree_stats(server.pid)
     stop = multiprocessing.Event()
     out: multiprocessing.Queue = multiprocessing.Queue()
     clients = [multiprocessing.Process(target=_client, args=(kind, url, f"127.0.0.1:{grpc_port}", bodies, stop, out))
@@ -152,9 +214,19 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
     for c in clients:
         c.start()
     phases: list[tuple[float, str]] = [(time.monotonic(), "steady")]
+    # Resources are compared with their values after a warm-up under load: threads (the
+    # executor's, gRPC's) and connections are made as the first requests need them.
+    time.sleep(min(WARMUP_SECONDS, minutes * 60 / 4))
+    start_stats = _tree_stats(server.pid)
     version, step, version_dir = 1, 1, demo.version_dir
     tables = demo_tables()
     faults = ["delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta"]
+    if bucket is not None:
+        faults += ["store_error", "store_slow", "store_truncated"]
+
+    def publish(directory: Path) -> None:
+        if bucket is not None:
+            bucket.publish(directory, f"ckpt/{directory.name}")
     end = time.monotonic() + minutes * 60
     n = 0
     while time.monotonic() < end:
@@ -170,12 +242,21 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
             changed = TableData(user.keys, (user.values * (1 + 0.01 * step)).astype(np.float32))
             write_delta(version_dir, {"user": changed}, global_step=step)
             reference(str(version), step, version_dir)
-        elif fault == "full":
+            publish(version_dir)
+        elif fault == "full" or fault.startswith("store_"):
+            # A store fault strikes while a new version is there to load: the load fails
+            # and is retried once the store heals, the current version serving meanwhile.
             step += 1
             version = step
             tables = {k: TableData(t.keys, (t.values * (1 + 0.001 * step)).astype(np.float32)) for k, t in tables.items()}
             version_dir = write_checkpoint(demo.checkpoint_dir, tables, global_step=step)
             reference(str(version), 0, version_dir)
+            if bucket is not None and fault != "full":
+                bucket.proxy.mode = fault.removeprefix("store_").replace("truncated", "truncate")
+            publish(version_dir)
+            if bucket is not None and fault != "full":
+                time.sleep(min(2.0, every / 2))
+                bucket.proxy.mode = "pass"
         elif fault == "kill_worker":
             # One of the live workers, while the other serves (a replacement may still be starting).
             workers_now = [w for z in process_tree(server.pid)[1:2] for w in process_tree(z)[1:]]
@@ -189,8 +270,11 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
             reference(f"doomed{n}", 0, doomed)
             target = demo.checkpoint_dir / f"doomed{n}"
             os.rename(doomed, target)
+            publish(target)
             time.sleep(0.05)
             shutil.rmtree(target, ignore_errors=True)
+            if bucket is not None:
+                bucket.delete(f"ckpt/{target.name}")
         elif fault == "corrupt":
             bad = write_checkpoint(root / "stage", tables, global_step=step + 2000, name=f"bad{n}")
             table = next(bad.glob("embedding/*.safetensors"))
@@ -198,6 +282,7 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
             data[-5] ^= 0xFF
             table.write_bytes(bytes(data))
             os.rename(bad, demo.checkpoint_dir / f"bad{n}")
+            publish(demo.checkpoint_dir / f"bad{n}")
     phases.append((time.monotonic(), "end"))
     stop.set()
     results = []
@@ -213,6 +298,9 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
     server.send_signal(signal.SIGTERM)
     code = server.wait(60)
     log.close()
+    proxied = dict(bucket.proxy.served) if bucket is not None else {}
+    if bucket is not None:
+        bucket.close()
 
     def phase_of(t: float) -> str:
         name = "steady"
@@ -231,7 +319,8 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
         latency[phase_of(started)].append(seconds)
         if not ok:
             failed += 1
-            failures[(kind, phase_of(started), claim[0] or "status != 200")] += 1
+            # By when it ended: a request in flight when a worker was killed fails then.
+            failures[(kind, phase_of(started + seconds), claim[0] or "status != 200")] += 1
             continue
         states = later_states(claim)
         if not states:
@@ -247,7 +336,7 @@ def soak(minutes: float, workers: int, every: float = 3.0) -> dict[str, object]:
                      "p99_ms": round(float(np.percentile(v, 99)) * 1e3, 2)} for p, v in sorted(latency.items())}
     report = {"minutes": minutes, "workers": workers, "sent": sent, "failed": failed, "wrong": wrong,
               "unattributed": unknown, "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
-              "faults": n, "exit_code": code, "start": start_stats, "end": end_stats,
+              "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats, "end": end_stats,
               "phases": per_phase, "log": str(root / "server.log")}
     return report
 
@@ -257,7 +346,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--every", type=float, default=3.0, help="seconds between faults")
+    parser.add_argument("--store", choices=("local", "s3"), default="local",
+                        help="where versions live: a local directory, or S3 (moto) behind a fault proxy")
     args = parser.parse_args(argv)
-    report = soak(args.minutes, args.workers, args.every)
+    report = soak(args.minutes, args.workers, args.every, args.store)
     print(json.dumps(report, indent=2))
     return 0 if report["wrong"] == 0 and report["exit_code"] == 0 else 1

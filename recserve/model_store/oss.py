@@ -184,7 +184,9 @@ class ObjectStorage:
         try:
             return self._client.get_object(**kwargs)["Body"].read()  # type: ignore[no-any-return]
         except Exception as exc:
-            code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+            # Only a ClientError carries an S3 error code; a body cut short raises
+            # botocore's ResponseStreamingError, whose `response` is None.
+            code = exc.response.get("Error", {}).get("Code") if isinstance(exc, botocore.exceptions.ClientError) else None
             if byte_range is not None and code == "InvalidRange":
                 return b""  # the range starts at or past the end of the object
             if self._absent(exc):

@@ -122,3 +122,25 @@ def test_s3_store_without_keys_uses_the_aws_credential_chain(monkeypatch, moto_s
     config = parse_config({"model_store_type": "s3", "savedmodel_dir": f"s3://{s3_bucket}/p",
                            "oss_endpoint": moto_s3.endpoint})
     assert storage_for(config).read(f"s3://{s3_bucket}/p/f") == b"x"
+
+
+def test_an_object_cut_short_is_a_storage_error(tmp_path, moto_s3, s3_bucket):
+    # Found by the chaos soak: a body that ends before its Content-Length raised an
+    # AttributeError from the error handling, not a StorageError the updater retries on.
+    from benchmarks.fault_proxy import FaultProxy
+    from tests.model_store.conftest import S3_ACCESS_ID, S3_ACCESS_KEY
+
+    (tmp_path / "obj.bin").write_bytes(bytes(range(256)) * 8)
+    moto_s3.upload(tmp_path, s3_bucket, "cut")
+    proxy = FaultProxy(moto_s3.endpoint)
+    try:
+        through = ObjectStorage(endpoint=proxy.url, access_id=S3_ACCESS_ID, access_key=S3_ACCESS_KEY)
+        assert through.read(f"oss://{s3_bucket}/cut/obj.bin") == bytes(range(256)) * 8
+        proxy.mode = "truncate"
+        for read in (lambda: through.read(f"oss://{s3_bucket}/cut/obj.bin"),
+                     lambda: through.read_range(f"oss://{s3_bucket}/cut/obj.bin", 10, 1000)):
+            with pytest.raises(StorageError, match=rf"^cannot read oss://{s3_bucket}/cut/obj.bin at {proxy.url}: "
+                                                   "ResponseStreamingError: "):
+                read()
+    finally:
+        proxy.close()
