@@ -284,6 +284,11 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
             os.rename(bad, demo.checkpoint_dir / f"bad{n}")
             publish(demo.checkpoint_dir / f"bad{n}")
     phases.append((time.monotonic(), "end"))
+    # The end's resources with the tree whole again (a worker killed near the end restarts).
+    whole = time.monotonic() + 30
+    while len(process_tree(server.pid)) < start_stats["processes"] and time.monotonic() < whole:
+        time.sleep(0.2)
+    time.sleep(2)
     stop.set()
     results = []
     for _ in clients:
