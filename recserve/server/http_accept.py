@@ -25,8 +25,9 @@ __all__ = ["GreedyListener"]
 log = logging.getLogger("recserve.server")
 
 # Out of file descriptors or memory: the connection stays in the kernel's accept queue;
-# try again at the next readiness rather than spin.
+# accepting pauses for a second rather than spin.
 _RESOURCE_ERRORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+_RETRY_SECONDS = 1.0  # as asyncio's own servers wait
 
 
 class GreedyListener:
@@ -37,6 +38,7 @@ class GreedyListener:
         self._loop = loop
         self._batch = batch
         self._closed = False
+        self._connecting: set[asyncio.Task[None]] = set()  # referenced until done (asyncio keeps weak ones)
         sock.setblocking(False)
         loop.add_reader(sock.fileno(), self._accept)
 
@@ -48,11 +50,20 @@ class GreedyListener:
                 return
             except OSError as exc:
                 if exc.errno in _RESOURCE_ERRORS:
-                    log.warning("HTTP: cannot accept a connection now: %s", exc.strerror)
+                    # The listener stays readable: without a pause the loop would spin on it.
+                    log.warning("HTTP: cannot accept connections for %.0f s: %s", _RETRY_SECONDS, exc.strerror)
+                    self._loop.remove_reader(self._sock.fileno())
+                    self._loop.call_later(_RETRY_SECONDS, self._resume)
                     return
                 raise
             conn.setblocking(False)
-            self._loop.create_task(self._connect(conn))
+            task = self._loop.create_task(self._connect(conn))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+
+    def _resume(self) -> None:
+        if not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
 
     async def _connect(self, conn: socket.socket) -> None:
         try:

@@ -102,3 +102,53 @@ def test_the_listener_accepts_every_waiting_connection_at_once() -> None:
         return len(made)
 
     assert asyncio.run(main()) == 50
+
+
+def test_the_listener_pauses_when_out_of_file_descriptors_and_resumes() -> None:
+    # Out of fds, accept() fails while the listener stays readable: the listener must pause
+    # (not spin the loop) and take the waiting connections once fds are free again.
+    import subprocess
+    import sys
+
+    script = r"""
+import asyncio, resource, socket, time
+from recserve.server import http_accept
+from recserve.server.http_accept import GreedyListener
+http_accept._RETRY_SECONDS = 0.3
+
+async def main():
+    loop = asyncio.get_running_loop()
+    made = []
+    listening = socket.socket(); listening.bind(("127.0.0.1", 0)); listening.listen(64)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    hogs = []
+    try:
+        while True:
+            hogs.append(open("/dev/null"))
+    except OSError:
+        pass
+    clients = []
+    for _ in range(3):
+        hogs.pop().close()
+        clients.append(socket.create_connection(listening.getsockname()))
+    listener = GreedyListener(listening, lambda: made.append(asyncio.Protocol()) or made[-1], loop)
+    calls = [0]
+    original = listener._accept
+    def counting():
+        calls[0] += 1
+        original()
+    listener._accept = counting
+    loop.remove_reader(listening.fileno()); loop.add_reader(listening.fileno(), counting)
+    await asyncio.sleep(0.2)  # out of fds: one failed accept, then a pause
+    assert made == [] and calls[0] <= 2, (made, calls)
+    for hog in hogs[:20]:
+        hog.close()
+    await asyncio.sleep(0.6)  # resumed: every waiting connection taken
+    assert len(made) == 3, made
+    listener.close()
+    print("ok")
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-2000:]
