@@ -13,10 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, wrk
+from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, wait_ready, wrk
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -48,14 +47,7 @@ def run() -> list[Row]:
     url = f"http://127.0.0.1:{http_port}/api/predict/default"
     rows: list[Row] = []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
         processor = Processor(json.loads(demo.config_path.read_text()))
         for batch, goal in ((1, 0.75), (64, 0.85)):
             body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import grpc
-import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, tree_cpu_seconds
+from benchmarks.load_tools import free_port, tree_cpu_seconds, wait_ready
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -35,18 +34,6 @@ own answer bytes; {ROUNDS} alternating rounds, the lower CPU per call of each ke
 call = user+system CPU of the server's process tree over the calls answered; in-process =
 `Processor.process` CPU per call on the same bytes in the benchmark's process. Goal: (server -
 in-process) <= 1.2x the floor's CPU per call."""
-
-
-def _wait_http_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("recserve serve did not become ready")
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes) -> float:
@@ -82,7 +69,7 @@ def run() -> list[Row]:
     peer = None
     rows: list[Row] = []
     try:
-        _wait_http_ready(http_port, server)
+        wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
         processor = Processor(json.loads(demo.config_path.read_text()))
         for batch in (1, 64):
             body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))

@@ -9,13 +9,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, wrk
+from benchmarks.load_tools import free_port, post_script, wait_ready, wrk
 from benchmarks.models import build_plain_dlrm
 from benchmarks.report import Row
 
@@ -40,18 +39,6 @@ def _body(inputs: dict[str, np.ndarray]) -> bytes:
     return json.dumps({"inputs": tensors}).encode()
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} did not become ready")
-
-
 def run() -> list[Row]:
     if not PEER_PYTHON.exists():
         raise RuntimeError(f"{PEER_PYTHON} is missing: `make peers` installs kserve and onnxruntime there")
@@ -73,8 +60,8 @@ def run() -> list[Row]:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         ours = f"http://127.0.0.1:{ours_port}/v2/models/default/infer"
         peer = f"http://127.0.0.1:{peer_port}/v2/models/plain/infer"
-        _wait(f"http://127.0.0.1:{ours_port}/v2/health/ready", procs[0], "recserve serve")
-        _wait(f"http://127.0.0.1:{peer_port}/v2/models/plain/ready", procs[1], "the KServe peer")
+        wait_ready(f"http://127.0.0.1:{ours_port}/v2/health/ready", procs[0], what="recserve serve", timeout=120)
+        wait_ready(f"http://127.0.0.1:{peer_port}/v2/models/plain/ready", procs[1], what="the KServe peer", timeout=120)
         rows = []
         for batch in (1, 64):
             body = _body(model.sample(batch, np.random.default_rng(batch)))

@@ -12,10 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, tree_memory, wrk
+from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, tree_memory, wait_ready, wrk
 from benchmarks.models import build_dlrm
 from benchmarks.report import Row
 from recserve import Processor
@@ -45,17 +44,12 @@ def _start(config: Path, workers: int) -> tuple[subprocess.Popen[bytes], str, fl
          "--http-port", str(port), "--grpc-port", str(free_port()), "--workers", str(workers)], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
-    while time.monotonic() - started < 300:
-        try:
-            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                return process, url, time.monotonic() - started
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("server not ready within 300 s")
+    try:
+        wait_ready(f"{url}/v2/health/ready", process, timeout=300)
+    except RuntimeError:
+        process.kill()
+        raise
+    return process, url, time.monotonic() - started
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -7,15 +7,35 @@ import os
 import re
 import socket
 import subprocess
+import time
 from pathlib import Path
 
-__all__ = ["free_port", "post_script", "process_tree", "tree_cpu_seconds", "tree_memory", "wrk"]
+__all__ = ["free_port", "post_script", "process_tree", "tree_cpu_seconds", "tree_memory", "wait_ready", "wrk"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, *, what: str = "the server",
+               timeout: float = 60.0) -> None:
+    """Poll `url` (a readiness route) until it answers 200; RuntimeError if `process` exits or
+    `timeout` seconds pass first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready")
+        try:
+            if httpx.get(url).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} was not ready within {timeout:.0f} s")
 
 
 def process_tree(pid: int) -> list[int]:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.fault_proxy import FaultProxy
-from benchmarks.load_tools import free_port, process_tree, tree_memory
+from benchmarks.load_tools import free_port, process_tree, tree_memory, wait_ready
 from recserve import Processor
 from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
@@ -179,18 +179,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
          str(http_port), "--grpc-port", str(grpc_port), "--workers", str(workers)], cwd=ROOT, stdout=log,
         stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{http_port}"
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server did not become ready")
-        time.sleep(0.1)
+    wait_ready(f"{url}/v2/health/ready", server)
 
     expected: dict[tuple[str, str], list[bytes]] = {}
 

@@ -93,11 +93,10 @@ def detach(worker: int) -> None:
     every table's epoch, so that its death mid-read can be forgotten (`forget_reader`)."""
     lib = _lib()
     _declare(lib)
-    if not 0 <= worker < MAX_WORKERS:
+    if not 0 <= worker or lib.rs_set_reader_slot(worker + 1) != 0:  # the engine checks the range
         raise ConfigError(f"worker index {worker} is out of range: at most {MAX_WORKERS} worker processes")
     if _state["reserved"]:
         lib.rs_arena_detach()
-    lib.rs_set_reader_slot(worker + 1)
     _state["allocating"] = False
     _inputs.set_row_allocator(None)
 

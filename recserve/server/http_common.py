@@ -115,7 +115,7 @@ async def dispatch(
     try:
         # asyncio's executor hop costs less CPU per request than anyio's to_thread.
         outcome, seconds = await asyncio.get_running_loop().run_in_executor(
-            ctx.workers, _cpu_timed_call, ctx, route, find, admitted)
+            ctx.workers, _timed_call, ctx, route, find, admitted, time.thread_time)
     finally:
         admitted.settle()
     ctx.inline.record(model, seconds)
@@ -188,18 +188,12 @@ def deadline_from(raw: str | None, arrived: float) -> float | None:
     return arrived + ms / 1000
 
 
-def _timed_call(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler) -> tuple[Outcome, float]:
-    # The prediction's own time: time spent queued for a worker must not make a model look slow.
-    started = time.perf_counter()
+def _timed_call(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[Outcome, float]:
+    # The prediction's own time: time spent queued for a worker must not make a model look
+    # slow. On a worker thread the clock is the thread's CPU time: the wall time also counts
+    # the waits for the GIL that the other workers hold (many ms under load), which would
+    # keep a short model off the loop for good.
+    started = clock()
     outcome = ctx.dispatcher.call(route, find, handler)
-    return outcome, time.perf_counter() - started
-
-
-def _cpu_timed_call(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler,
-                    ) -> tuple[Outcome, float]:
-    # On a worker thread the wall time also counts the waits for the GIL that the other
-    # workers hold (many ms under load), which would keep a short model off the loop for
-    # good: this thread's CPU time is what the run would cost the loop.
-    started = time.thread_time()
-    outcome = ctx.dispatcher.call(route, find, handler)
-    return outcome, time.thread_time() - started
+    return outcome, clock() - started

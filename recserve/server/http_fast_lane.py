@@ -27,7 +27,7 @@ from recserve.server import kserve
 from recserve.server.admission import OverloadedError
 from recserve.server.context import ServerContext
 from recserve.server.http_common import TIMEOUT_HEADER, deadline_from, dispatch_inline, error_response
-from recserve.server.http_predict_routes import match, predict_call
+from recserve.server.http_predict_routes import PredictCall, match, predict_call
 
 __all__ = ["FastLane"]
 
@@ -44,21 +44,18 @@ class FastLane:
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
 
-    def _refusal(self, kind: str, names: tuple[str, ...], arrived: float, deadline: float | None,
-                 ) -> Response | None:
+    def _refusal(self, call: PredictCall, arrived: float, deadline: float | None) -> Response | None:
         """The 503 for a request that already waited past its model's max_queue_ms or its
         deadline on a busy loop, refused before anything else is done for it: a busy loop is
         when refusals are many, and each costs the requests that are admitted."""
-        models = self._ctx.models
         try:
-            entry = (models.for_service(names[0]) if kind == "eas" and len(names) == 1
-                     else models.get(names[-1] if kind == "eas" else names[0]))
+            entry = call.find()
         except RecserveError:
             return None  # an unknown model: the dispatcher answers it, and counts it
         try:
             entry.admission.check_wait(arrived, deadline)
         except OverloadedError as exc:
-            self._ctx.metrics.observe(entry.name, kind, exc.status, 0.0, RequestTrace())
+            self._ctx.metrics.observe(entry.name, call.route, exc.status, 0.0, RequestTrace())
             return error_response(exc.status, exc.message)
         return None
 
@@ -94,9 +91,6 @@ class FastLane:
             return None
         kind, names = route
         ctx = self._ctx
-        model = names[-1] if kind == "eas" else names[0]
-        if not ctx.inline.inline(model, len(body)):
-            return None
         try:
             header_length = timeout = None
             for name, value in headers:
@@ -104,11 +98,13 @@ class FastLane:
                     header_length = value.decode("latin-1")
                 elif name == _TIMEOUT:
                     timeout = value.decode("latin-1")
+            call = predict_call(ctx, kind, names, body, header_length)
+            if not ctx.inline.inline(call.model, len(body)):
+                return None
             deadline = deadline_from(timeout, arrived)
-            refusal = self._refusal(kind, names, arrived, deadline)
+            refusal = self._refusal(call, arrived, deadline)
             if refusal is not None:
                 return refusal
-            call = predict_call(ctx, kind, names, body, header_length)
             return call.respond(dispatch_inline(ctx, call.route, call.model, call.find, call.handler,
                                                 deadline, arrived))
         except RecserveError as exc:

@@ -39,7 +39,7 @@ from recserve.server.http_common import (
 )
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PredictCall", "PredictRoutes", "match", "predict_call"]
+__all__ = ["PredictCall", "PredictRoutes", "match", "predict_call", "route_model"]
 
 log = logging.getLogger("recserve.server")
 
@@ -76,6 +76,11 @@ class PredictCall:
     respond: Callable[[Outcome], Response]
 
 
+def route_model(kind: str, names: tuple[str, ...]) -> str:
+    """The model name a route `match` found gives: EAS's model, else its service; KServe's name."""
+    return names[-1] if kind == "eas" else names[0]
+
+
 def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: bytes,
                  header_length: str | None = None) -> PredictCall:
     """The call for a route `match` found (`kind`, `names`) and its whole (decompressed) body;
@@ -92,7 +97,7 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
                 return error_response(status, result)
             return Response(result, media_type="application/json" if not body else PROTOBUF,
                             headers=served_headers(served))
-        return PredictCall("eas", model or service, find, _eas_handler(body, served), respond_eas)
+        return PredictCall("eas", route_model(kind, names), find, _eas_handler(body, served), respond_eas)
     name, version = names[0], names[1] if len(names) > 1 else None
     if header_length is not None and not header_length.isdigit():
         raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header_length!r}")
@@ -107,7 +112,7 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
             return Response(payload, media_type="application/json", headers=headers)
         return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length), **headers})
     handler = _kserve_handler(body, int(header_length) if header_length is not None else None, version, served)
-    return PredictCall("kserve", name, lambda: ctx.models.get(name), handler, respond_kserve)
+    return PredictCall("kserve", route_model(kind, names), lambda: ctx.models.get(name), handler, respond_kserve)
 
 
 def _eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
@@ -167,8 +172,7 @@ class PredictRoutes:
         await response(scope, receive, send)
 
     async def _predict(self, request: Request, kind: str, names: tuple[str, ...]) -> Response:
-        body = await request_body(self._ctx, request, kind, names[-1] if kind == "eas" else names[0],
-                                  decompress=kind == "kserve")
+        body = await request_body(self._ctx, request, kind, route_model(kind, names), decompress=kind == "kserve")
         arrived = received_at(request)
         deadline = request_deadline(request, arrived)
         call = predict_call(self._ctx, kind, names, body, request.headers.get(kserve.HEADER_LENGTH))

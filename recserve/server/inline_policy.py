@@ -35,8 +35,8 @@ class InlinePolicy:
 
     def record(self, model: str, seconds: float) -> None:
         # One slow run (a GC pass, the GIL held by a worker thread) must not move a short model
-        # off the loop: requests then sent to workers starve behind the loop's inline runs
-        # A run counts for at most twice the limit, so only a sustained change moves the mean
+        # off the loop, where requests sent to workers starve behind the loop's inline runs: a
+        # run counts for at most twice the limit, so only a sustained change moves the mean
         # across it.
         seconds = min(seconds, 2 * self.max_seconds)
         mean = self._mean.get(model)

@@ -169,19 +169,6 @@ def decode_http_request(body: bytes, header_length: int | None, version: str = "
         datatype = spec.get("datatype")
         if not isinstance(datatype, str):
             raise RequestError(f"input {name!r}: datatype is missing; supported: {_NAMES}")
-        data = spec.get("data")
-        if type(data) is list and "parameters" not in spec and datatype != "BYTES":
-            # The common JSON input, in one step (per-input Python was a third of a batch-1
-            # request with 27 inputs); anything unusual takes the checked path below.
-            dtype = _NUMPY.get(datatype)
-            if dtype is not None:
-                try:
-                    arr = np.asarray(data, dtype=dtype)
-                except (TypeError, ValueError, OverflowError):
-                    arr = None
-                if arr is not None and arr.ndim == 1 and arr.size == math.prod(shape):
-                    inputs[name] = arr.reshape(shape)
-                    continue
         size = _param(spec.get("parameters"), "binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(raw):
