@@ -46,6 +46,8 @@ test: install redis-server clang
 # out: tests that measure memory (ASan's shadow and quarantine change RSS), and tests
 # where onnxruntime throws a C++ exception (it aborts with libasan preloaded; not our code),
 # and the Redis tests (Python code; their outage timings only get flakier under ASan).
+# --capture=sys: a sanitizer report is written to fd 2 just before the abort, which
+# pytest's default fd capture would swallow with the process.
 SANITIZE_TREE  := build/sanitize
 SANITIZE_TESTS ?= tests/wire $(wildcard tests/embedding/test_embedding_*.py) tests/cabi \
                   tests/processor/test_processor_requests.py tests/processor/test_processor_tiers.py \
@@ -59,7 +61,7 @@ test-sanitize: install redis-server
 	rm -rf $(SANITIZE_TREE) && mkdir -p $(SANITIZE_TREE)
 	tar -c --exclude=./$(VENV) --exclude=./build --exclude=./.git --exclude='*.so' . | tar -x -C $(SANITIZE_TREE)
 	cd $(SANITIZE_TREE) && RECSERVE_SANITIZE=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
-	cd $(SANITIZE_TREE) && PYTHONPATH=$$PWD $(SANITIZE_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider -k '$(SANITIZE_SKIP)' $(SANITIZE_TESTS)
+	cd $(SANITIZE_TREE) && PYTHONPATH=$$PWD $(SANITIZE_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider --capture=sys -k '$(SANITIZE_SKIP)' $(SANITIZE_TESTS)
 
 # A fuzzing campaign: every target FUZZ_SECONDS seconds (tests/fuzz/run.py --help).
 FUZZ_SECONDS ?= 60

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, Protocol, TypeVar
 
 from recserve.errors import ModelNotReadyError
@@ -93,9 +94,25 @@ class ServableManager(Generic[S]):
 
     @property
     def current(self) -> S | None:
-        """The servable answering new requests (no lease: for reporting only)."""
+        """The servable answering new requests, unleased: its plain attributes only. Its
+        tables may be freed at any moment (a swap, then its last lease ends): reading them
+        needs `peek()`."""
         handle = self._current
         return handle.servable if handle else None
+
+    @contextmanager
+    def peek(self) -> Iterator[S | None]:
+        """The current servable leased for the block, or None when none serves: for
+        reports that read its tables."""
+        with self._lock:
+            handle = self._current
+            if handle is not None:
+                handle.leases += 1
+        try:
+            yield handle.servable if handle is not None else None
+        finally:
+            if handle is not None:
+                self._release(handle)
 
     def acquire(self) -> _Lease[S]:
         """`with manager.acquire() as servable:` -- the current servable, leased."""

@@ -196,7 +196,12 @@ class Processor:
             return servable.signature(signature_name).describe()
 
     def model_info(self) -> dict[str, Any]:
-        servable = self._manager.current
+        # Leased: a swap may retire this servable meanwhile, and its tables are freed
+        # once its last lease ends (reading their sizes then read freed memory).
+        with self._manager.peek() as servable:
+            return self._describe(servable)
+
+    def _describe(self, servable: Servable | None) -> dict[str, Any]:
         updates = self._updater.status() if self._updater else {}
         changed = updates.get("update_time") or (servable.loaded_at if servable else None)
         return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -93,3 +94,18 @@ def test_swap_to_none_retires_current() -> None:
     assert manager.current is None
     settle(manager)
     assert v.closed == 1
+
+
+def test_peek_leases_the_current_version_for_the_block() -> None:
+    manager: ServableManager[Version] = ServableManager("m")
+    with manager.peek() as nothing:
+        assert nothing is None
+    v1, v2 = Version("1"), Version("2")
+    manager.swap(v1)
+    with manager.peek() as seen:
+        assert seen is v1
+        manager.swap(v2)  # retired while peeked at: still open
+        time.sleep(0.05)
+        assert v1.closed == 0
+    settle(manager)
+    assert v1.closed == 1 and v2.closed == 1

@@ -4,6 +4,7 @@ raises) and `predict` (raises recserve.errors.RequestError)."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -166,3 +167,42 @@ def test_model_info_reports_the_served_version_and_tables(processor: Processor, 
 
     assert info["tables"] == {name: {"rows": len(t.keys)} for name, t in demo_tables().items()}
     assert info["last_error"] is None
+
+
+def test_model_info_while_versions_swap_reads_only_live_tables(tmp_path) -> None:
+    """model_info() reads the served version's table sizes; a swap may retire that version
+    meanwhile and free its tables once its last lease ends. Read unleased, a worker process
+    died of SIGSEGV in a status request (the sanitizer build sees the use after free here)."""
+    import threading
+
+    from recserve.export import write_checkpoint
+    from recserve.export.demo import demo_tables, write_demo
+
+    demo = write_demo(tmp_path / "demo")
+    tables = demo_tables()
+    want = {name: {"rows": len(t.keys)} for name, t in tables.items()}
+    processor = Processor({**demo.config(), "model_update_interval_seconds": 0.02})
+    done = threading.Event()
+
+    def publish() -> None:
+        for step in range(2, 26):
+            write_checkpoint(demo.checkpoint_dir, tables, global_step=step)
+            deadline = time.monotonic() + 30
+            while processor.model_info()["version"] != str(step) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        done.set()
+
+    writer = threading.Thread(target=publish)
+    writer.start()
+    try:
+        seen = set()
+        while not done.is_set():
+            info = processor.model_info()
+            assert info["tables"] == want
+            seen.add(info["version"])
+        assert len(seen) > 10  # reads really spanned many swaps
+        assert processor.model_info()["version"] == "25"
+    finally:
+        done.set()
+        writer.join()
+        processor.close()

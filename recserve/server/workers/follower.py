@@ -212,9 +212,8 @@ class FollowerProcessor(Processor):
     def load_version(self, name: str | None) -> dict[str, Any]:
         return self._pool.pin(self.model_name, name)
 
-    def model_info(self) -> dict[str, Any]:
-        info = self._pool.info(self.model_name) or super().model_info()
-        servable = self._manager.current
+    def _describe(self, servable: Servable | None) -> dict[str, Any]:
+        info = self._pool.info(self.model_name) or super()._describe(servable)
         info.update({
             "ready": servable is not None,
             "version": servable.version if servable else None,
