@@ -40,7 +40,11 @@ class Zygote:
         leader_end, zygote_end = socket.socketpair()
         leader = os.getpid()
         gc.collect()
-        gc.freeze()  # objects made so far are never collected: no copy-on-write by the collector
+        # Objects made so far are never collected, here or in the zygote and its workers: a
+        # full collection writes to every tracked object it visits, so unfrozen, the leader's
+        # first one (s3 polling triggers it within minutes) copied ~25 MiB of pages it shared
+        # with the zygote, and the tree's memory rose by that much at once.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             leader_end.close()
@@ -51,7 +55,6 @@ class Zygote:
             finally:
                 os._exit(code)
         zygote_end.close()
-        gc.unfreeze()
         self.pid = pid
         self._socket = leader_end
         self._buffer = b""
