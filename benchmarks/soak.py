@@ -15,8 +15,10 @@ through a proxy that misbehaves on demand (benchmarks/fault_proxy.py), and three
 join the turn, each while a new full version lands: the store answers reads with 500s, holds
 every answer 2 s, or cuts objects short.
 
-Not covered here (issue #12 asks for them too): a full disk under ev_storage_path (tiered
-tables cannot run with workers yet), and redis-server killed and restarted.
+With `--tables redis` the tables live in a redis-server (each process caching a few rows, so
+lookups read Redis), which is SIGKILLed and restarted empty in turn. With `--tables tiered`
+they live on DRAM + SSD tiers (one process: tiered tables are not shared with workers) whose
+ev_storage_path is a small tmpfs, filled to the last byte while a new full version lands.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.fault_proxy import FaultProxy
 from benchmarks.load_tools import free_port, process_tree, tree_memory, wait_ready
+from benchmarks.soak_stores import Bucket, RedisProcess, SmallDisk
 from recserve import Processor
 from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
@@ -95,6 +97,23 @@ def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: o
     channel.close()
 
 
+def _answering_again(url: str, body: bytes, *, in_a_row: int = 20, timeout: float = 60.0) -> float:
+    """Seconds until `in_a_row` requests, each on a new connection (so reaching any
+    process), were answered 200; `timeout` if they never were."""
+    import httpx
+
+    started = time.monotonic()
+    good = 0
+    while good < in_a_row and time.monotonic() - started < timeout:
+        try:
+            good = good + 1 if httpx.post(f"{url}/api/predict/default", content=body, timeout=5).status_code == 200 else 0
+        except httpx.HTTPError:
+            good = 0
+        if not good:
+            time.sleep(0.02)
+    return time.monotonic() - started
+
+
 def _tree_stats(pid: int) -> dict[str, int]:
     fds = threads = 0
     for q in process_tree(pid):
@@ -107,62 +126,28 @@ def _tree_stats(pid: int) -> dict[str, int]:
             "processes": len(process_tree(pid))}
 
 
-class _Bucket:
-    """moto's S3 server on a free port, a bucket in it, and the fault proxy in front of it."""
-
-    NAME = "soak"
-
-    def __init__(self) -> None:
-        import boto3
-
-        port = free_port()
-        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        endpoint = f"http://127.0.0.1:{port}"
-        self.client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="soak", aws_secret_access_key="soak",
-                                   region_name="us-east-1")
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.client.create_bucket(Bucket=self.NAME)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        self.proxy = FaultProxy(endpoint)
-
-    def config(self) -> dict[str, object]:
-        return {"model_store_type": "oss", "oss_endpoint": self.proxy.url, "oss_access_id": "soak",
-                "oss_access_key": "soak", "savedmodel_dir": f"oss://{self.NAME}/model",
-                "checkpoint_dir": f"oss://{self.NAME}/ckpt"}
-
-    def publish(self, local: Path, prefix: str) -> None:
-        """Upload `local` under `prefix`, every MANIFEST.json last (deepest first), as a
-        trainer publishes a version."""
-        files = sorted(p for p in local.rglob("*") if p.is_file())
-        manifests = sorted((p for p in files if p.name == "MANIFEST.json"), key=lambda p: -len(p.parts))
-        for path in [p for p in files if p.name != "MANIFEST.json"] + manifests:
-            self.client.put_object(Bucket=self.NAME, Key=f"{prefix}/{path.relative_to(local).as_posix()}",
-                                   Body=path.read_bytes())
-
-    def delete(self, prefix: str) -> None:
-        listed = self.client.list_objects_v2(Bucket=self.NAME, Prefix=prefix + "/")
-        for item in listed.get("Contents", []):
-            self.client.delete_object(Bucket=self.NAME, Key=item["Key"])
-
-    def close(self) -> None:
-        self.proxy.close()
-        self.process.terminate()
-        self.process.wait(30)
+# Faults that stop requests from being answered, each for its own window: a killed worker's
+# requests in flight, and lookups that miss the cache while Redis is down. Failures in other
+# phases are the soak's findings.
+OUTAGES = ("kill_worker", "redis_restart")
 
 
-def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local") -> dict[str, object]:
+def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
+         tables_in: str = "memory") -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="recserve-soak-"))
     demo = write_demo(root / "demo")
     local_config = {**demo.config(), "model_update_interval_seconds": 0.2}
-    bucket = _Bucket() if store == "s3" else None
+    bucket = Bucket() if store == "s3" else None
+    redis_server = RedisProcess(root) if tables_in == "redis" else None
+    disk = SmallDisk(root / "ssd") if tables_in == "tiered" else None
     config = dict(local_config)
+    if redis_server is not None:
+        # One row cached per table and process: lookups read Redis.
+        config.update(feature_store_type="redis", redis_url=redis_server.url, redis_cache_rows=1)
+    if disk is not None:
+        workers = 1  # tiered tables are not shared between processes (README, worker processes)
+        config.update(ev_storage_type=12, ev_storage_path=str(disk.path / "ev"),
+                      ev_storage_size=[64 * 1024, 1 << 30])
     if bucket is not None:
         bucket.publish(demo.model_dir, "model")
         bucket.publish(demo.version_dir, f"ckpt/{demo.version_dir.name}")
@@ -212,6 +197,12 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
     faults = ["delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta"]
     if bucket is not None:
         faults += ["store_error", "store_slow", "store_truncated"]
+    if redis_server is not None:
+        faults += ["redis_restart", "delta"]
+    if disk is not None and disk.mounted:
+        faults += ["disk_full"]
+    killed = 0
+    recoveries: list[float] = []
 
     def publish(directory: Path) -> None:
         if bucket is not None:
@@ -232,9 +223,11 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
             write_delta(version_dir, {"user": changed}, global_step=step)
             reference(str(version), step, version_dir)
             publish(version_dir)
-        elif fault == "full" or fault.startswith("store_"):
-            # A store fault strikes while a new version is there to load: the load fails
-            # and is retried once the store heals, the current version serving meanwhile.
+        elif fault == "full" or fault.startswith("store_") or fault == "disk_full":
+            # A store fault or a full disk strikes while a new version is there to load: the
+            # load fails and is retried once healed, the current version serving meanwhile.
+            if disk is not None and fault == "disk_full":
+                disk.fill()
             step += 1
             version = step
             tables = {k: TableData(t.keys, (t.values * (1 + 0.001 * step)).astype(np.float32)) for k, t in tables.items()}
@@ -243,14 +236,25 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
             if bucket is not None and fault != "full":
                 bucket.proxy.mode = fault.removeprefix("store_").replace("truncated", "truncate")
             publish(version_dir)
-            if bucket is not None and fault != "full":
+            if fault != "full":
                 time.sleep(min(2.0, every / 2))
+            if bucket is not None and fault != "full":
                 bucket.proxy.mode = "pass"
+            if disk is not None:
+                disk.empty()
         elif fault == "kill_worker":
             # One of the live workers, while the other serves (a replacement may still be starting).
             workers_now = [w for z in process_tree(server.pid)[1:2] for w in process_tree(z)[1:]]
             if len(workers_now) >= 2:
                 os.kill(workers_now[n % len(workers_now)], signal.SIGKILL)
+                killed += 1
+        elif fault == "redis_restart" and redis_server is not None:
+            redis_server.kill()
+            time.sleep(1.0)
+            redis_server.start()  # empty: every version's rows must be imported again
+            # The outage lasts until every process answers again (the version re-imported,
+            # each process's Redis backoff over): its failures are the outage's.
+            recoveries.append(_answering_again(url, bodies[0]))
         elif fault == "deleted_mid_load":
             # Newer than what serves, gone 50 ms after it appears: loaded in time, it serves
             # (from memory) until the next version; caught mid-load, the load fails.
@@ -293,8 +297,11 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
     code = server.wait(60)
     log.close()
     proxied = dict(bucket.proxy.served) if bucket is not None else {}
-    if bucket is not None:
-        bucket.close()
+    for fixture in (bucket, redis_server, disk):
+        if fixture is not None:
+            fixture.close()
+    # Every worker exit the log reports, beyond the soak's own kills, is a crash it found.
+    exits = (root / "server.log").read_text(errors="replace").count(") exited (")
 
     def phase_of(t: float) -> str:
         name = "steady"
@@ -306,15 +313,18 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
     def later_states(claim: tuple[str, str]) -> list[tuple[str, str]]:
         return [k for k in expected if k[0] == claim[0] and int(k[1]) >= int(claim[1])]
 
-    sent, failed, wrong, unknown = len(results), 0, 0, 0
+    sent, failed, wrong, unknown, outside = len(results), 0, 0, 0, 0
     failures: dict[tuple[str, str, str], int] = defaultdict(int)
+    wrong_by: dict[str, int] = defaultdict(int)
     latency: dict[str, list[float]] = defaultdict(list)
     for started, seconds, kind, index, ok, claim, value in results:
         latency[phase_of(started)].append(seconds)
         if not ok:
             failed += 1
             # By when it ended: a request in flight when a worker was killed fails then.
-            failures[(kind, phase_of(started + seconds), claim[0] or "status != 200")] += 1
+            phase = phase_of(started + seconds)
+            failures[(kind, phase, claim[0] or "status != 200")] += 1
+            outside += phase not in OUTAGES
             continue
         states = later_states(claim)
         if not states:
@@ -326,10 +336,15 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local")
 
         if not any(decode_response(expected[s][index])["probabilities"].tobytes() == value for s in states):
             wrong += 1
+            wrong_by[f"{kind} during {phase_of(started)}: claimed {claim[0]}/{claim[1]}"] += 1
     per_phase = {p: {"requests": len(v), "p50_ms": round(float(np.percentile(v, 50)) * 1e3, 2),
                      "p99_ms": round(float(np.percentile(v, 99)) * 1e3, 2)} for p, v in sorted(latency.items())}
-    report = {"minutes": minutes, "workers": workers, "sent": sent, "failed": failed, "wrong": wrong,
-              "unattributed": unknown, "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
+    report = {"minutes": minutes, "workers": workers, "tables": tables_in, "sent": sent, "failed": failed,
+              "failed_outside_outages": outside, "wrong": wrong, "unattributed": unknown,
+              "worker_exits": exits, "workers_killed": killed,
+              "redis_recovery_seconds_max": round(max(recoveries), 2) if recoveries else None,
+              "skipped": disk.reason if disk is not None and not disk.mounted else "", "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
+              "wrong_by": dict(sorted(wrong_by.items())),
               "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats, "end": end_stats,
               "phases": per_phase, "log": str(root / "server.log")}
     return report
@@ -342,7 +357,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--every", type=float, default=3.0, help="seconds between faults")
     parser.add_argument("--store", choices=("local", "s3"), default="local",
                         help="where versions live: a local directory, or S3 (moto) behind a fault proxy")
+    parser.add_argument("--tables", choices=("memory", "redis", "tiered"), default="memory",
+                        help="where tables live: memory, a redis-server killed in turn, or DRAM + SSD "
+                             "tiers on a small tmpfs filled in turn (one process)")
     args = parser.parse_args(argv)
-    report = soak(args.minutes, args.workers, args.every, args.store)
+    report = soak(args.minutes, args.workers, args.every, args.store, args.tables)
     print(json.dumps(report, indent=2))
-    return 0 if report["wrong"] == 0 and report["exit_code"] == 0 else 1
+    clean = report["wrong"] == 0 and report["exit_code"] == 0 and report["worker_exits"] == report["workers_killed"]
+    return 0 if clean else 1

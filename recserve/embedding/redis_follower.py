@@ -20,7 +20,7 @@ from recserve.embedding.redis_connection import RECONNECT_BACKOFF, RedisConnecti
 from recserve.embedding.redis_keys import KeySpace
 from recserve.embedding.redis_table import RedisTable
 from recserve.embedding.redis_updates import RowUpdate
-from recserve.errors import RecserveError
+from recserve.errors import ModelLoadError, RecserveError, VersionNotReadyError
 from recserve.model_store.backoff import Backoff
 
 __all__ = ["VersionFollower"]
@@ -53,6 +53,9 @@ class VersionFollower:
         self._blocking = conn.blocking_client(block_seconds)
         self._last_id = self._stream_end() if follow_stream else "0-0"
         self.applied = 0  # stream entries applied, for tests and metrics
+        # Why the lost version cannot be imported again (its files gone or unreadable), or
+        # None: the updater then serves the newest version it can read instead.
+        self.unrecoverable: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"redis-follower {version}", daemon=True)
 
     def start(self) -> None:
@@ -90,7 +93,14 @@ class VersionFollower:
 
     def _round(self) -> None:
         if self._lost.is_set():
-            self._reimport()
+            try:
+                self._reimport()
+            except VersionNotReadyError:
+                raise  # another replica imports it
+            except ModelLoadError as exc:
+                self.unrecoverable = exc.message
+                raise
+            self.unrecoverable = None
             for table in self._tables.values():
                 table.forget_absent()  # keys found absent while rows were gone may exist
                 table.lost = False

@@ -181,7 +181,7 @@ def ensure_version(
     space: KeySpace,
     version: str,
     global_step: int,
-    load_tables: Callable[[], Mapping[str, TableData]],
+    load_tables: Callable[[], Mapping[str, TableData]] | None,
     *,
     writers: int,
     lock_seconds: float,
@@ -194,7 +194,8 @@ def ensure_version(
     """(the version's metadata, whether this call imported it), once it is ready in Redis.
 
     `load_tables` is called only by the importer; it may raise ModelLoadError before any
-    row is written. Raises VersionNotReadyError after `wait_seconds` without the version
+    row is written. None: this replica cannot read the version's rows (a worker process,
+    whose leader imports), so it only waits for the version to be ready. Raises VersionNotReadyError after `wait_seconds` without the version
     becoming ready, StorageError if Redis is unreachable."""
     deadline = clock() + wait_seconds
     ready_key, lock_key = space.ready(version), space.lock(version)
@@ -206,8 +207,8 @@ def ensure_version(
         if raw is not None:
             return VersionInfo.from_json(raw), False
         token = uuid.uuid4().hex
-        took = conn.call("taking the import lock", lambda c: c.set(lock_key, token, nx=True, px=lock_ms))  # noqa: B023
-        if took:
+        if load_tables is not None and conn.call(
+                "taking the import lock", lambda c: c.set(lock_key, token, nx=True, px=lock_ms)):  # noqa: B023
             try:
                 tables = load_tables()
                 info = VersionInfo(
@@ -230,6 +231,10 @@ def ensure_version(
                 _retire(conn, space, old, int(grace_seconds * 1000))
             return info, True
         if clock() >= deadline:
+            if load_tables is None:
+                raise VersionNotReadyError(
+                    f"version {version!r} of model {space.model!r} is not ready in Redis; a replica that "
+                    "reads its files (the leader of worker processes) imports it")
             raise VersionNotReadyError(
                 f"version {version!r} of model {space.model!r} is being imported into Redis by "
                 f"another replica and was not ready after {wait_seconds:g} s (lock_timeout)"

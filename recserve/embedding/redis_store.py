@@ -40,7 +40,7 @@ from recserve.embedding.redis_keys import KeySpace
 from recserve.embedding.redis_table import RedisTable
 from recserve.errors import ModelLoadError
 from recserve.model_spec import EmbeddingBinding
-from recserve.model_store.checkpoint import Checkpoint, TableData, bound_table_rows
+from recserve.model_store.checkpoint import Checkpoint, TableData, bound_table_rows, with_deltas
 
 __all__ = ["RedisLookupPlan", "RedisTableSet", "connect", "open_redis_tables"]
 
@@ -100,11 +100,13 @@ class RedisTableSet:
         readers: ThreadPoolExecutor,
         follower: VersionFollower,
         space: KeySpace,
+        deltas: list[tuple[int, Callable[[], Checkpoint]]],
     ) -> None:
         self.info = info
         self.imported = imported  # whether this replica wrote the version into Redis
         self.tables = tables
         self._conn, self._readers, self._follower, self._space = conn, readers, follower, space
+        self._deltas = deltas  # the applied deltas, re-read to re-import the version
 
     @property
     def version(self) -> str:
@@ -127,9 +129,13 @@ class RedisTableSet:
         delta at the same moment may both write it: the same rows."""
         marker = self._space.delta(self.version, delta.ref.global_step)
         if self._conn.call("reading a delta marker", lambda c: c.exists(marker)):
-            return apply({name: table.invalidation for name, table in self.tables.items()}, delta)
-        changed = apply(self.tables, delta)
-        self._conn.call("writing a delta marker", lambda c: c.set(marker, b"1"))
+            changed = apply({name: table.invalidation for name, table in self.tables.items()}, delta)
+        else:
+            changed = apply(self.tables, delta)
+            self._conn.call("writing a delta marker", lambda c: c.set(marker, b"1"))
+        # Kept as a way to read it again, not as rows: a re-import needs them only if Redis
+        # loses the version (one TF-format delta has no reader and is kept whole).
+        self._deltas.append((delta.ref.global_step, delta.with_tables or (lambda: delta)))
         return changed
 
     def lookup_plan(self, bindings: Sequence[tuple[str, str]]) -> RedisLookupPlan:
@@ -190,13 +196,19 @@ def open_redis_tables(
     space = KeySpace(model_name)
     conn = connect(config)
     readers: ThreadPoolExecutor | None = None
+    deltas: list[tuple[int, Callable[[], Checkpoint]]] = []  # (global_step, reader), as applied
+    # A replica given neither rows nor a way to read them (a worker process) never imports.
+    can_import = reload is not None or bool(checkpoint.tables)
     try:
-        def import_version() -> tuple[VersionInfo, bool]:
+        def import_version(applied: Sequence[tuple[int, Callable[[], Checkpoint]]] = (),
+                           wait: float = float(config.lock_timeout)) -> tuple[VersionInfo, bool]:
             return ensure_version(
-                conn, space, version, step, lambda: _checked_rows(bindings, source(), names),
+                conn, space, version, step,
+                (lambda: _checked_rows(bindings, with_deltas(source(), [read() for _, read in applied]), names))
+                if can_import else None,
                 writers=config.update_thread_num,
                 lock_seconds=IMPORT_LOCK_SECONDS,
-                wait_seconds=float(config.lock_timeout),
+                wait_seconds=wait,
                 grace_seconds=config.redis_version_grace_seconds,
             )
 
@@ -231,7 +243,16 @@ def open_redis_tables(
         }
 
         def reimport() -> None:
-            import_version()
+            # Redis lost the version: imported again with the deltas this replica applied,
+            # so that the rows it is ready with are those its answers name (row updates from
+            # the stream since the loss are gone with it).
+            applied = list(deltas)
+            # One that cannot import looks once and again at the follower's next round.
+            _, imported = import_version(applied, float(config.lock_timeout) if can_import else 0.0)
+            if imported:  # their rows are in: a replica applying one later only re-reads
+                for delta_step, _ in applied:
+                    marker = space.delta(version, delta_step)
+                    conn.call("writing a delta marker", lambda c, m=marker: c.set(m, b"1"))
 
         follower = VersionFollower(conn, space, version, tables, reimport, follow_stream=config.redis_stream_updates)
         follower.start()
@@ -240,4 +261,4 @@ def open_redis_tables(
             readers.shutdown(wait=False)
         conn.close()
         raise
-    return RedisTableSet(info, imported, tables, conn, readers, follower, space)
+    return RedisTableSet(info, imported, tables, conn, readers, follower, space, deltas)

@@ -37,6 +37,7 @@ __all__ = [
     "read_dense",
     "read_table",
     "table_file",
+    "with_deltas",
 ]
 
 DENSE_FILE = "dense.safetensors"
@@ -117,9 +118,33 @@ class Checkpoint:
     manifest: Manifest
     tables: dict[str, TableData]
     dense: dict[str, np.ndarray]
-    # Loaded without its tables (load_checkpoint(tables=False)): reads the version again,
-    # tables included, for the one who needs the rows after all (a Redis import).
+    # Reads the version again, tables included: for the one who needs the rows after all
+    # (a Redis import of a version loaded with tables=False; a re-import after Redis lost
+    # it, of the version and its deltas) without holding them meanwhile.
     with_tables: Callable[[], Checkpoint] | None = None
+
+
+def with_deltas(full: Checkpoint, deltas: Sequence[Checkpoint]) -> Checkpoint:
+    """`full` with `deltas` applied in order, as the engine applies them (each delta's rows
+    upserted, then its `deleted` keys removed): the state to import into a Redis that lost
+    the version. Keys and values only (a Redis import writes nothing else)."""
+    tables = dict(full.tables)
+    for delta in deltas:
+        for name, change in delta.tables.items():
+            base = tables.get(name)
+            if base is None:
+                continue  # a table the version does not have: skipped, as apply_delta does
+            keys = np.concatenate([change.keys, base.keys])
+            values = np.concatenate([change.values, base.values])
+            _, first = np.unique(keys, return_index=True)  # the delta's rows come first: they win
+            keep = np.sort(first)
+            keys, values = keys[keep], values[keep]
+            if change.deleted is not None and len(change.deleted):
+                alive = ~np.isin(keys, change.deleted)
+                keys, values = keys[alive], values[alive]
+            tables[name] = TableData(keys, values, check_unique=False)
+    return Checkpoint(ref=full.ref, manifest=full.manifest, tables=tables, dense=full.dense,
+                      with_tables=full.with_tables)
 
 
 def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, tables: bool = True) -> Checkpoint:
@@ -147,7 +172,7 @@ def load_checkpoint(storage: Storage, ref: VersionRef, manifest: Manifest, *, ta
             if table:
                 rows[table] = read_table(storage, join(ref.path, name), check_unique=manifest.kind == "delta")
     return Checkpoint(ref=ref, manifest=manifest, tables=rows, dense=dense,
-                      with_tables=None if tables else lambda: load_checkpoint(storage, ref, manifest))
+                      with_tables=lambda: load_checkpoint(storage, ref, manifest))
 
 
 def _tf_prefix(ref: VersionRef, manifest: Manifest) -> str:

@@ -58,6 +58,7 @@ class _Servable(Protocol):
     version: str
     tables: Mapping[str, Any]
     delta_step: int
+    lost_beyond_repair: str | None
 
     def apply_delta(self, delta: Checkpoint) -> int: ...
 
@@ -196,7 +197,7 @@ class ModelUpdater:
         if self._pinned is not None:
             candidate = self.watcher.pinned(self._pinned, serving=serving)
         else:
-            candidate = self.watcher.newest_full(newer_than=serving)
+            candidate = self.watcher.newest_full(newer_than=serving) or self._instead_of_lost(serving)
         if candidate is not None:
             try:
                 self._load_full(candidate)
@@ -217,6 +218,21 @@ class ModelUpdater:
         self._delta_step = applied
         self._update_time = time.time()
         return True
+
+    def _instead_of_lost(self, serving: VersionRef | None) -> Candidate | None:
+        """The newest complete version, an older one too, when the serving version can no
+        longer be served (its rows lost from Redis, its files gone): better an older model
+        than an error for every request that misses the cache."""
+        servable = self._manager.current
+        why = servable.lost_beyond_repair if servable is not None else None
+        if not why or serving is None:
+            return None
+        candidate = self.watcher.newest_full(newer_than=None)
+        if candidate is None or candidate.ref.name == serving.name:
+            return None
+        log.warning("model %r: version %s cannot be served any more (%s); loading version %s, the newest "
+                    "complete one", self._name, serving.name, why, candidate.ref.name)
+        return candidate
 
     def _apply_deltas(self, servable: _Servable, base: VersionRef, after_step: int) -> int:
         """Apply `base`'s complete deltas newer than `after_step`; returns the last step applied."""

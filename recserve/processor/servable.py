@@ -358,6 +358,12 @@ class Servable:
         tables = {t: delta.tables[names(t)] for t in self.tables if names(t) in delta.tables}
         return dataclasses.replace(delta, tables=tables)
 
+    @property
+    def lost_beyond_repair(self) -> str | None:
+        """Why this version can no longer be served, or None: Redis lost its rows and its
+        files can no longer be read to import them again."""
+        return self.redis.follower.unrecoverable if self.redis is not None else None
+
     def apply_delta(self, delta: Checkpoint) -> int:
         """A delta's rows and deletions, in place (the updater checked it fits this version);
         returns the rows changed."""

@@ -167,3 +167,69 @@ def _works(p: Processor, inputs: dict[str, np.ndarray]) -> bool:
         return True
     except StorageError:
         return False
+
+
+def _small_cache_replicas(demo: DemoModel, redis_server: Any) -> list[Processor]:
+    """Replicas caching one row per table: their answers come from what Redis holds."""
+    return [Processor({**redis_config(demo, redis_server), "redis_cache_rows": 1}) for _ in range(2)]
+
+
+def test_redis_restarted_empty_gets_the_version_back_with_its_deltas(demo: DemoModel, redis_server: Any) -> None:
+    """Redis loses everything; the version is imported again as its answers name it: with the
+    deltas applied since (imported without them, it answered its base rows as delta 2's)."""
+    from recserve.export import write_delta
+
+    replicas = _small_cache_replicas(demo, redis_server)
+    memory = Processor(demo.config_path.read_text())
+    try:
+        tables = demo_tables()
+        user = tables["user"]
+        write_delta(demo.version_dir, {"user": (user.keys[:1000], np.full((1000, user.dim), 0.25, np.float32))},
+                    global_step=2)
+        write_delta(demo.version_dir, {"user": (user.keys[500:1500], np.full((1000, user.dim), -0.5, np.float32))},
+                    global_step=3)
+        everyone = [*replicas, memory]
+        eventually(lambda: all(p.model_info()["delta_step"] == 3 for p in everyone), "every processor at delta 3")
+        inputs = demo.sample_inputs(64, np.random.default_rng(8))
+        assert_answer_alike(replicas, memory, inputs)
+        redis_server.kill()
+        redis_server.start()
+        fresh = demo.sample_inputs(64, np.random.default_rng(18))  # rows not in any cache
+        eventually(lambda: all(_works(p, fresh) for p in replicas), "both replicas serving after Redis came back empty")
+        assert all(p.model_info()["delta_step"] == 3 for p in replicas)
+        assert_answer_alike(replicas, memory, fresh)
+        # The re-import marked its deltas written: a replica applying one later only re-reads.
+        assert redis_server.client().exists(KeySpace("default").delta("1", 3))
+    finally:
+        for p in [*replicas, memory]:
+            p.close()
+
+
+def test_a_lost_version_whose_files_are_gone_gives_way_to_the_newest_readable(
+    demo: DemoModel, redis_server: Any, tmp_path: Path
+) -> None:
+    """Redis lost version 2's rows and version 2's files were deleted: nothing can bring it
+    back, so the replicas serve version 1 (older, complete) instead of failing every miss."""
+    import shutil
+
+    replicas = _small_cache_replicas(demo, redis_server)
+    try:
+        scaled = {name: (t.keys, t.values * 3) for name, t in demo_tables().items()}
+        v2 = write_checkpoint(demo.checkpoint_dir, scaled, global_step=2)
+        eventually(lambda: all(p.model_info()["version"] == "2" for p in replicas), "both replicas serve v2")
+        shutil.rmtree(v2)
+        redis_server.kill()
+        redis_server.start()
+        eventually(lambda: all(p.model_info()["version"] == "1" for p in replicas), "both replicas back on v1")
+        only_v1 = tmp_path / "only_v1"
+        shutil.copytree(demo.version_dir, only_v1 / demo.version_dir.name)
+        memory = Processor({**json.loads(demo.config_path.read_text()), "checkpoint_dir": str(only_v1)})
+        try:
+            inputs = demo.sample_inputs(32, np.random.default_rng(9))  # rows not in any cache
+            eventually(lambda: all(_works(p, inputs) for p in replicas), "both replicas answering on v1")
+            assert_answer_alike(replicas, memory, inputs)
+        finally:
+            memory.close()
+    finally:
+        for p in replicas:
+            p.close()

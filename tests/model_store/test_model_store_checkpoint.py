@@ -149,3 +149,27 @@ def test_garbage_table_file_is_corrupt(tmp_path, storage):
     path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     with pytest.raises(CorruptVersionError, match=r"safetensors: not a readable safetensors file"):
         read_table(storage, str(path))
+
+
+def test_with_deltas_applies_them_in_order_as_the_engine_does() -> None:
+    """The state a Redis re-import writes: later rows win, a delta's deletions follow its
+    upserts, tables the version lacks are skipped."""
+    from recserve.model_store.checkpoint import Checkpoint, TableData, with_deltas
+    from recserve.model_store.manifest import Manifest
+    from recserve.model_store.versions import VersionRef
+
+    def version(step: int, tables: dict[str, TableData]) -> Checkpoint:
+        return Checkpoint(VersionRef(str(step), "", step), Manifest("full" if step == 1 else "delta", step, {}),
+                          tables, {})
+
+    def rows(*values: float) -> np.ndarray:
+        return np.array([[v, v] for v in values], np.float32)
+
+    full = version(1, {"t": TableData(np.array([1, 2, 3], np.int64), rows(1, 2, 3))})
+    first = version(2, {"t": TableData(np.array([2, 4], np.int64), rows(20, 40), deleted=np.array([3, 4], np.int64)),
+                        "other": TableData(np.array([9], np.int64), rows(9))})
+    second = version(3, {"t": TableData(np.array([4, 1], np.int64), rows(400, 100))})
+    merged = with_deltas(full, [first, second])
+    got = dict(zip(merged.tables["t"].keys.tolist(), merged.tables["t"].values[:, 0].tolist()))
+    assert got == {1: 100.0, 2: 20.0, 4: 400.0}  # 3 deleted; 4 upserted and deleted, then back
+    assert set(merged.tables) == {"t"} and full.tables["t"].keys.tolist() == [1, 2, 3]  # the input is untouched
