@@ -20,4 +20,5 @@ def test_soak_answers_stay_right_through_faults():
     assert report["wrong"] == 0 and report["unattributed"] == 0, report
     assert report["failed"] <= 0.01 * report["sent"], report
     assert report["exit_code"] == 0, report
+    assert report["worker_exits"] == report["workers_killed"], report  # no worker died on its own
     assert report["end"]["processes"] >= 3, report
