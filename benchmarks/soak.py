@@ -187,16 +187,19 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
                for kind in ("http", "grpc")]
     for c in clients:
         c.start()
-    phases: list[tuple[float, str]] = [(time.monotonic(), "steady")]
+    phases: list[tuple[float, str]] = [(time.monotonic(), "warmup")]
     # Resources are compared with their values after a warm-up under load: threads (the
     # executor's, gRPC's) and connections are made as the first requests need them.
     time.sleep(min(WARMUP_SECONDS, minutes * 60 / 4))
     start_stats = _tree_stats(server.pid)
+    phases.append((time.monotonic(), "steady"))
     version, step, version_dir = 1, 1, demo.version_dir
     tables = demo_tables()
-    faults = ["delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta"]
+    # "steady": nothing happens, so that steady latency is sampled all along the run, under
+    # the conditions the faults meet (caches, memory, the machine's other load).
+    faults = ["delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta", "steady"]
     if bucket is not None:
-        faults += ["store_error", "store_slow", "store_truncated"]
+        faults += ["store_error", "store_slow", "store_truncated", "steady"]
     if redis_server is not None:
         faults += ["redis_restart", "delta"]
     if disk is not None and disk.mounted:
@@ -304,7 +307,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     exits = (root / "server.log").read_text(errors="replace").count(") exited (")
 
     def phase_of(t: float) -> str:
-        name = "steady"
+        name = "warmup"
         for at, p in phases:
             if at <= t:
                 name = p
@@ -339,10 +342,14 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
             wrong_by[f"{kind} during {phase_of(started)}: claimed {claim[0]}/{claim[1]}"] += 1
     per_phase = {p: {"requests": len(v), "p50_ms": round(float(np.percentile(v, 50)) * 1e3, 2),
                      "p99_ms": round(float(np.percentile(v, 99)) * 1e3, 2)} for p, v in sorted(latency.items())}
+    updates = [p for p in per_phase if p not in ("warmup", "steady", "end", *OUTAGES)]
+    worst = max(updates, key=lambda p: per_phase[p]["p99_ms"], default=None)
     report = {"minutes": minutes, "workers": workers, "tables": tables_in, "sent": sent, "failed": failed,
               "failed_outside_outages": outside, "wrong": wrong, "unattributed": unknown,
               "worker_exits": exits, "workers_killed": killed,
               "redis_recovery_seconds_max": round(max(recoveries), 2) if recoveries else None,
+              "p99_worst_update_phase_vs_steady": None if worst is None or "steady" not in per_phase else
+              f"{worst}: {per_phase[worst]['p99_ms'] / per_phase['steady']['p99_ms']:.2f}",
               "skipped": disk.reason if disk is not None and not disk.mounted else "", "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
               "wrong_by": dict(sorted(wrong_by.items())),
               "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats, "end": end_stats,

@@ -59,6 +59,14 @@ def build_tables(
         except DuplicateKeyError as exc:
             return duplicate_key_error(checkpoint, names(name), f"keys hold {exc.key} more than once; keys must be unique")
         except Exception as exc:  # noqa: BLE001  (raised below, once every other table is closed)
+            # Without its frames: a traceback made on a pool thread reaches the pool's work
+            # item through the frames' f_back, which holds this error as its result, a cycle
+            # that kept the failed version's rows (files open, a full SSD tier's space) until
+            # the cyclic collector ran. The message names the table and the cause.
+            cause: BaseException | None = exc
+            while cause is not None:
+                cause.__traceback__ = None
+                cause = cause.__cause__ or cause.__context__
             return exc
 
     rows = bound_table_rows(bindings, checkpoint, names, engine_checks_keys=True)
@@ -70,7 +78,10 @@ def build_tables(
     if failed is not None:
         for table in tables.values():
             table.close()
-        raise failed
+        try:
+            raise failed
+        finally:
+            failed = built = None  # the error's traceback holds this frame: no cycle through it
     return tables
 
 

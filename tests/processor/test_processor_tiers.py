@@ -12,6 +12,7 @@ import pytest
 
 from recserve import Processor
 from recserve.embedding import IMPLEMENTATION
+from recserve.errors import StorageError
 from recserve.export import TableData, write_checkpoint
 from recserve.export.demo import demo_dense, demo_tables, write_demo
 from recserve.export.reference import Reference
@@ -114,3 +115,48 @@ def test_a_table_bigger_than_its_memory_never_sits_in_memory_whole(tmp_path: Pat
     assert result["ssd_live_records"] == rows
     table_bytes = rows * dim * 4
     assert result["growth"] < table_bytes // 4, (result, table_bytes)
+
+
+def test_a_version_that_fails_to_build_lets_go_of_its_files_at_once(tmp_path: Path) -> None:
+    """A tiered table that cannot be built (here: over its SSD budget; in the soak: a full
+    disk) must not keep the failed version's files open until Python's cyclic collector
+    happens to run: an error returned from a loading thread held them in a cycle."""
+    import gc
+    import os
+
+    demo = write_demo(tmp_path / "demo")
+    tables = demo_tables()
+    user = tables["user"]
+    budget = 2 * len(user.keys) * (8 + 4 * user.dim)
+    config = json.loads(demo.config_path.read_text()) | {
+        "ev_storage_type": 12, "ev_storage_path": str(tmp_path / "ssd"),
+        "ev_storage_size": [1 << 20, budget], "model_update_interval_seconds": 3600,
+    }
+    processor = Processor(config)
+    big = np.arange(4 * len(user.keys), dtype=np.int64)
+    version = write_checkpoint(demo.checkpoint_dir, {
+        **tables, "user": TableData(big, np.ones((len(big), user.dim), np.float32))}, global_step=2)
+
+    def open_files_of_version() -> list[str]:
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(str(version)):
+                found.append(target)
+        return found
+
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(StorageError, match="ssd_bytes budget") as caught:
+            processor._updater.poll_once()
+        del caught  # its traceback holds the loader's frames (not a cycle: freed here)
+        info = processor.model_info()
+        assert info["version"] == "1" and "ssd_bytes budget" in info["last_error"], info
+        assert open_files_of_version() == []
+    finally:
+        gc.enable()
+        processor.close()
