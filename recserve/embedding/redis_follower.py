@@ -144,6 +144,10 @@ class VersionFollower:
         table.apply_update(update.keys, update.values, update.deleted)
         self.applied += 1
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

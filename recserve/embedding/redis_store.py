@@ -146,6 +146,9 @@ class RedisTableSet:
         self._follower.stop()
         self._readers.shutdown(wait=True)
         self._conn.close()
+        if not self._follower.running:  # one that outlived its join may still write to the caches
+            for table in self.tables.values():
+                table.close()
 
 
 def connect(config: ProcessorConfig) -> RedisConnection:

@@ -103,6 +103,14 @@ class RedisTable:
         """Rows of the version in Redis when it was imported."""
         return self._rows
 
+    def close(self) -> None:
+        """Free the cache's native memory now (the follower and this table refer to each
+        other: left to the cyclic collector, every retired version's caches stayed until it
+        ran). No lookup may run during or after it (the servable's last lease has ended)."""
+        with self._lock:
+            self.cache.close()
+            self._absent.close()
+
     # -- serving -----------------------------------------------------------------------
 
     def prefetch(self, ids: np.ndarray) -> int:
