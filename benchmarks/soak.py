@@ -114,6 +114,13 @@ def _answering_again(url: str, body: bytes, *, in_a_row: int = 20, timeout: floa
     return time.monotonic() - started
 
 
+def _wait_whole(pid: int, processes: int, timeout: float = 30.0) -> None:
+    """Until the server's tree has `processes` processes again (a killed worker restarted)."""
+    deadline = time.monotonic() + timeout
+    while len(process_tree(pid)) < processes and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _tree_stats(pid: int) -> dict[str, int]:
     fds = threads = 0
     for q in process_tree(pid):
@@ -206,6 +213,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
         faults += ["disk_full"]
     killed = 0
     recoveries: list[float] = []
+    turn_stats: dict[str, int] | None = None
 
     def publish(directory: Path) -> None:
         if bucket is not None:
@@ -214,6 +222,11 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     n = 0
     while time.monotonic() < end:
         time.sleep(every)
+        if n == len(faults) and end - time.monotonic() > 2 * n * every:
+            # Resources again after one turn of every fault: pools, caches and allocator
+            # arenas grow to what the faults need once; a leak goes on growing after it.
+            _wait_whole(server.pid, start_stats["processes"])
+            turn_stats = _tree_stats(server.pid)
         fault = faults[n % len(faults)]
         n += 1
         if fault == "kill_worker" and workers < 2:
@@ -281,9 +294,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
             publish(demo.checkpoint_dir / f"bad{n}")
     phases.append((time.monotonic(), "end"))
     # The end's resources with the tree whole again (a worker killed near the end restarts).
-    whole = time.monotonic() + 30
-    while len(process_tree(server.pid)) < start_stats["processes"] and time.monotonic() < whole:
-        time.sleep(0.2)
+    _wait_whole(server.pid, start_stats["processes"])
     time.sleep(2)
     stop.set()
     results = []
@@ -352,7 +363,8 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
               f"{worst}: {per_phase[worst]['p99_ms'] / per_phase['steady']['p99_ms']:.2f}",
               "skipped": disk.reason if disk is not None and not disk.mounted else "", "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
               "wrong_by": dict(sorted(wrong_by.items())),
-              "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats, "end": end_stats,
+              "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats,
+              "after_first_turn": turn_stats, "end": end_stats,
               "phases": per_phase, "log": str(root / "server.log")}
     return report
 

@@ -22,3 +22,15 @@ def test_soak_answers_stay_right_through_faults():
     assert report["exit_code"] == 0, report
     assert report["worker_exits"] == report["workers_killed"], report  # no worker died on its own
     assert report["end"]["processes"] >= 3, report
+
+
+def test_soak_with_redis_killed_answers_right_and_recovers() -> None:
+    """Tables in a redis-server that is SIGKILLed and restarted empty, among the other
+    faults: never a wrong answer (the version comes back with its deltas), failures only
+    while Redis or a worker is down, every process answering again within 10 s."""
+    report = soak(minutes=0.25, workers=2, every=1.5, tables_in="redis")
+    assert report["faults"] >= 8, report  # the turn reached the restart
+    assert report["wrong"] == 0 and report["unattributed"] == 0, report
+    assert report["failed_outside_outages"] == 0, report
+    assert report["redis_recovery_seconds_max"] is not None and report["redis_recovery_seconds_max"] < 10, report
+    assert report["worker_exits"] == report["workers_killed"], report
