@@ -6,16 +6,16 @@ A redis-server is started on a free port (no persistence) for the run and stoppe
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import redis
 
 from benchmarks.report import Row
+from benchmarks.soak_stores import RedisProcess
 from recserve.config import ProcessorConfig
 from recserve.embedding import EmbeddingTable, LookupPlan
 from recserve.embedding.redis_keys import KeySpace, row_keys
@@ -45,12 +45,6 @@ do not fit one machine; DRAM stays the fast path.
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _latencies(fn: Callable[[int], object], calls: int) -> np.ndarray:
     times = np.empty(calls)
     for i in range(calls):
@@ -70,28 +64,17 @@ def _rows(name: str, redis_us: np.ndarray, dram_us: np.ndarray) -> list[Row]:
 
 
 def run() -> list[Row]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not installed; run `make redis-server`")
     rng = np.random.default_rng(0)
     keys = rng.choice(2**62, size=ROWS, replace=False).astype(np.int64)
     values = rng.standard_normal((ROWS, DIM)).astype(np.float32)
-    port = _free_port()
     workdir = tempfile.mkdtemp(prefix="bench-redis-")
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
+    server = RedisProcess(Path(workdir))
     try:
-        client = redis.Redis(port=port)
-        for _ in range(500):
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.01)
+        client = redis.Redis(port=server.port)
         checkpoint = Checkpoint(VersionRef("1", workdir, 1), Manifest("full", 1, {}), {"emb": TableData(keys, values)}, {})
         binding = [EmbeddingBinding("ids", "emb", DIM, "emb_in")]
         config = ProcessorConfig(savedmodel_dir="/unused", feature_store_type="redis",
-                                 redis_url=f"redis://127.0.0.1:{port}",
+                                 redis_url=server.url,
                                  redis_cache_rows=int(ROWS * CACHE_FRACTION))
         dram = LookupPlan([(EmbeddingTable("emb", DIM, keys, values.copy()), "none")])
         store = open_redis_tables(binding, checkpoint, config, "bench")
@@ -111,8 +94,7 @@ def run() -> list[Row]:
         finally:
             store.close()
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        server.close()
         shutil.rmtree(workdir, ignore_errors=True)
     r, m = float(np.percentile(redis_cold, 50)), float(np.percentile(raw_mget, 50))
     overhead = Row(f"Redis lookup p50 latency, batch {BATCH}, cold (x one bare redis-py MGET)",
