@@ -9,6 +9,8 @@ on the request that happened to finish last. Thread-safe.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import queue
 import threading
@@ -21,6 +23,20 @@ from recserve.errors import ModelNotReadyError
 __all__ = ["Closeable", "ServableManager"]
 
 log = logging.getLogger("recserve.processor")
+
+
+def _trimmer() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None (another libc)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+# A closed version's memory goes back to glibc's per-thread arenas, which keep it: under load,
+# with versions built on loader threads and freed on this one, a tiered server's RSS grew
+# ~90 KiB a version (+16% in a 10-minute soak); trimmed after each close, +3 MiB in 100.
+_malloc_trim = _trimmer()
 
 
 class Closeable(Protocol):
@@ -85,6 +101,8 @@ class ServableManager(Generic[S]):
             # This frame would otherwise hold the closed version (its row arrays: ~1x the
             # table bytes) until the next swap retires another one.
             del servable
+            if _malloc_trim is not None:
+                _malloc_trim(0)  # ctypes lets go of the GIL meanwhile: requests go on
 
     def shutdown(self) -> None:
         """Retire the current servable and wait until every retired one is closed."""
