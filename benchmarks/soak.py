@@ -15,8 +15,8 @@ through a proxy that misbehaves on demand (benchmarks/fault_proxy.py), and three
 join the turn, each while a new full version lands: the store answers reads with 500s, holds
 every answer 2 s, or cuts objects short.
 
-With `--tables redis` the tables live in a redis-server (each process caching a few rows, so
-lookups read Redis), which is SIGKILLed and restarted empty in turn. With `--tables tiered`
+With `--tables redis` the tables live in a redis-server (each process caching one row per
+table, so lookups read Redis), which is SIGKILLed and restarted empty in turn. With `--tables tiered`
 they live on DRAM + SSD tiers (one process: tiered tables are not shared with workers) whose
 ev_storage_path is a small tmpfs, filled to the last byte while a new full version lands.
 """
@@ -252,12 +252,12 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
             if bucket is not None and fault != "full":
                 bucket.proxy.mode = fault.removeprefix("store_").replace("truncated", "truncate")
             publish(version_dir)
-            if fault != "full":
+            if fault != "full":  # healed after a while
                 time.sleep(min(2.0, every / 2))
-            if bucket is not None and fault != "full":
-                bucket.proxy.mode = "pass"
-            if disk is not None:
-                disk.empty()
+                if bucket is not None:
+                    bucket.proxy.mode = "pass"
+                if disk is not None:
+                    disk.empty()
         elif fault == "kill_worker":
             # One of the live workers, while the other serves (a replacement may still be starting).
             workers_now = [w for z in process_tree(server.pid)[1:2] for w in process_tree(z)[1:]]

@@ -195,8 +195,9 @@ def ensure_version(
 
     `load_tables` is called only by the importer; it may raise ModelLoadError before any
     row is written. None: this replica cannot read the version's rows (a worker process,
-    whose leader imports), so it only waits for the version to be ready. Raises VersionNotReadyError after `wait_seconds` without the version
-    becoming ready, StorageError if Redis is unreachable."""
+    whose leader imports), so it only waits for the version to be ready. Raises
+    VersionNotReadyError after `wait_seconds` without the version becoming ready,
+    StorageError if Redis is unreachable."""
     deadline = clock() + wait_seconds
     ready_key, lock_key = space.ready(version), space.lock(version)
     lock_ms = max(1, int(lock_seconds * 1000))

@@ -10,7 +10,6 @@ on the request that happened to finish last. Thread-safe.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import queue
 import threading
@@ -28,7 +27,7 @@ log = logging.getLogger("recserve.processor")
 def _trimmer() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None (another libc)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
     except (OSError, AttributeError):
         return None
 
@@ -64,12 +63,9 @@ class _Lease(Generic[S]):
         self._manager = manager
 
     def __enter__(self) -> S:
-        manager = self._manager
-        with manager._lock:
-            handle = manager._current
-            if handle is None:
-                raise ModelNotReadyError(f"model {manager._model_name!r} has no version loaded yet")
-            handle.leases += 1
+        handle = self._manager._hold()
+        if handle is None:
+            raise ModelNotReadyError(f"model {self._manager._model_name!r} has no version loaded yet")
         self._handle = handle
         return handle.servable
 
@@ -122,10 +118,7 @@ class ServableManager(Generic[S]):
     def peek(self) -> Iterator[S | None]:
         """The current servable leased for the block, or None when none serves: for
         reports that read its tables."""
-        with self._lock:
-            handle = self._current
-            if handle is not None:
-                handle.leases += 1
+        handle = self._hold()
         try:
             yield handle.servable if handle is not None else None
         finally:
@@ -135,6 +128,14 @@ class ServableManager(Generic[S]):
     def acquire(self) -> _Lease[S]:
         """`with manager.acquire() as servable:` -- the current servable, leased."""
         return _Lease(self)
+
+    def _hold(self) -> _Handle[S] | None:
+        """The current handle with one more lease, or None when nothing serves."""
+        with self._lock:
+            handle = self._current
+            if handle is not None:
+                handle.leases += 1
+        return handle
 
     def _release(self, handle: _Handle[S]) -> None:
         with self._lock:
