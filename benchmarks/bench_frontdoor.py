@@ -19,6 +19,8 @@ from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, wait
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
+from recserve.perf.client_pool import ClientPool
+from recserve.perf.results import summarize
 from recserve.wire.codec import encode_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,9 +32,14 @@ warmup; in-process = `Processor.process` CPU (time.process_time) per call on the
 the benchmark's process. Overload: wrk's own p50/p99 over every answer (fast 503s included),
 answered-200 requests/s, 503s/s and client timeouts (wrk --timeout 5s); 8 s per run, 64 and
 512 connections alternated twice, the better of each kept. wrk from Debian's package
-(`make bench` installs it). The clients share the machine's cores with the server."""
+(`make bench` installs it). gRPC overload: the same request to EAS `Predict` from `recserve
+perf`'s client (2 processes, one HTTP/2 connection per call in flight, the next call as soon
+as one ends, a refusal included; 5 s deadline), 64 and 512 calls in flight alternated twice;
+p99 over every answer, refusals (RESOURCE_EXHAUSTED) with their own p99. The clients share
+the machine's cores with the server."""
 
 CPU_SECONDS, OVERLOAD_SECONDS = 5, 8
+GRPC_PREDICT = "/tensorflow.eas.PredictionService/Predict"
 
 
 def run() -> list[Row]:
@@ -86,8 +93,44 @@ def run() -> list[Row]:
         rows.append(Row(
             "overload, batch 256: answered (200) requests/s at 512 connections / at 64",
             f"{ok_high:,.0f} req/s", f"{ok_low:,.0f} req/s", ok_high / ok_low, ">= 0.9", ok_high / ok_low >= 0.9))
+        rows += _grpc_overload(f"127.0.0.1:{grpc_port}", body)
         return rows
     finally:
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _grpc_overload(target: str, body: bytes) -> list[Row]:
+    """Batch-256 Predict calls, 64 vs 512 in flight: the same shape as wrk's rows."""
+    payload = [(body, GRPC_PREDICT)]
+    best: dict[int, dict[str, float]] = {}
+    with ClientPool(2) as pool:
+        pool.run(target, True, payload, 64, 2.0, 0.5, 5.0)
+        for calls in (64, 512, 64, 512):
+            samples = pool.run(target, True, payload, calls, OVERLOAD_SECONDS, 1.0, 5.0)
+            point = summarize(samples, 256, calls, OVERLOAD_SECONDS)
+            refused = np.concatenate([s.latency[~s.ok] for s in samples])
+            result = {
+                "p50_ms": point.latency_ms["p50"], "p99_ms": point.latency_ms["p99"],
+                "ok_per_s": (point.requests - sum(point.errors.values())) / OVERLOAD_SECONDS,
+                "refused_per_s": point.errors.get("RESOURCE_EXHAUSTED", 0) / OVERLOAD_SECONDS,
+                "refused_p99_ms": float(np.percentile(refused, 99) * 1e3) if refused.size else 0.0,
+                "timeouts": point.errors.get("timeout", 0), "other": sum(point.errors.values()),
+                "client_cpu": point.client_cpu,
+            }
+            result["other"] -= result["timeouts"] + point.errors.get("RESOURCE_EXHAUSTED", 0)
+            if calls not in best or result["p99_ms"] < best[calls]["p99_ms"]:
+                best[calls] = result
+    low, high = best[64], best[512]
+    p99_ratio, ok_ratio = high["p99_ms"] / low["p99_ms"], high["ok_per_s"] / low["ok_per_s"]
+    return [
+        Row(f"gRPC overload, batch 256: p99 at 512 calls in flight / at 64 (p50 {high['p50_ms']:.0f} vs "
+            f"{low['p50_ms']:.0f} ms; RESOURCE_EXHAUSTED {high['refused_per_s']:,.0f}/s, their p99 "
+            f"{high['refused_p99_ms']:.1f} ms; deadlines missed {high['timeouts']:.0f}, other errors "
+            f"{high['other']:.0f}; busiest client process {high['client_cpu']:.0%} of a core)",
+            f"{high['p99_ms']:.0f} ms", f"{low['p99_ms']:.0f} ms", p99_ratio, "<= 3, no timeouts",
+            p99_ratio <= 3 and high["timeouts"] == 0),
+        Row("gRPC overload, batch 256: answered (OK) calls/s at 512 calls in flight / at 64",
+            f"{high['ok_per_s']:,.0f} calls/s", f"{low['ok_per_s']:,.0f} calls/s", ok_ratio, ">= 0.9", ok_ratio >= 0.9),
+    ]

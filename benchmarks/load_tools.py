@@ -61,8 +61,9 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def tree_memory(pid: int) -> dict[str, int]:
     """Bytes summed over the tree from smaps_rollup: Pss (shared pages counted once in the
-    sum), Pss_Anon, Pss_Shmem (the shared arena), Rss."""
-    total = {"Pss": 0, "Pss_Anon": 0, "Pss_Shmem": 0, "Rss": 0}
+    sum), Pss_Anon, Pss_File (mapped files: libraries, table files, SSD records),
+    Pss_Shmem (the shared arena), Rss."""
+    total = {"Pss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0, "Rss": 0}
     for q in process_tree(pid):
         try:
             lines = Path(f"/proc/{q}/smaps_rollup").read_text().splitlines()[1:]

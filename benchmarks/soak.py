@@ -129,7 +129,11 @@ def _tree_stats(pid: int) -> dict[str, int]:
             threads += len(os.listdir(f"/proc/{q}/task"))
         except FileNotFoundError:
             pass
-    return {"pss_mib": tree_memory(pid)["Pss"] >> 20, "fds": fds, "threads": threads,
+    memory = tree_memory(pid)
+    # Pss split: mapped files (table files, the SSD tier's records) come and go with the
+    # versions and the page cache; anonymous memory is what a leak would grow.
+    return {"pss_mib": memory["Pss"] >> 20, "pss_anon_mib": memory["Pss_Anon"] >> 20,
+            "pss_file_mib": memory["Pss_File"] >> 20, "fds": fds, "threads": threads,
             "processes": len(process_tree(pid))}
 
 
@@ -137,10 +141,12 @@ def _tree_stats(pid: int) -> dict[str, int]:
 # requests in flight, and lookups that miss the cache while Redis is down. Failures in other
 # phases are the soak's findings.
 OUTAGES = ("kill_worker", "redis_restart")
+SLOTS = ("delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "steady", "store_error", "store_slow",
+         "store_truncated", "redis_restart", "disk_full")
 
 
 def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
-         tables_in: str = "memory") -> dict[str, object]:
+         tables_in: str = "memory", only: frozenset[str] = frozenset()) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="recserve-soak-"))
     demo = write_demo(root / "demo")
     local_config = {**demo.config(), "model_update_interval_seconds": 0.2}
@@ -211,6 +217,8 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
         faults += ["redis_restart", "delta"]
     if disk is not None and disk.mounted:
         faults += ["disk_full"]
+    if only:  # a subset of the turn, to find which fault a trend follows
+        faults = [f for f in faults if f in only] or ["steady"]
     killed = 0
     recoveries: list[float] = []
     turn_stats: dict[str, int] | None = None
@@ -379,8 +387,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tables", choices=("memory", "redis", "tiered"), default="memory",
                         help="where tables live: memory, a redis-server killed in turn, or DRAM + SSD "
                              "tiers on a small tmpfs filled in turn (one process)")
+    parser.add_argument("--faults", default="", help="comma-separated: only these of the turn's slots "
+                        f"({', '.join(SLOTS)}); default every one the store and tables allow")
     args = parser.parse_args(argv)
-    report = soak(args.minutes, args.workers, args.every, args.store, args.tables)
+    only = frozenset(f for f in args.faults.split(",") if f)
+    if only - set(SLOTS):
+        parser.error(f"unknown --faults {', '.join(sorted(only - set(SLOTS)))}; choose from {', '.join(SLOTS)}")
+    report = soak(args.minutes, args.workers, args.every, args.store, args.tables, only)
     print(json.dumps(report, indent=2))
     clean = report["wrong"] == 0 and report["exit_code"] == 0 and report["worker_exits"] == report["workers_killed"]
     return 0 if clean else 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recserve.config import parse_model_configs
+from recserve.processor import heap
 from recserve.server.registry import ModelRegistry
 from recserve.server.runner import run_server
 from recserve.server.worker_count import worker_count
@@ -19,6 +20,7 @@ def serve(config_path: str, *, host: str = "127.0.0.1", http_port: int = 8080, g
     Raises RecserveError (ConfigError, ...) when the config or a port is unusable.
     workers: N or "auto" worker processes sharing one copy of the tables (DESIGN §9)."""
     configs = parse_model_configs(Path(config_path))
+    heap.limit_arenas()  # before the threads that allocate exist; forked workers inherit it
     count = worker_count(workers, [c for _, c in configs])
     if count > 1:
         from recserve.server.workers import serve_pool

@@ -34,3 +34,13 @@ def test_soak_with_redis_killed_answers_right_and_recovers() -> None:
     assert report["failed_outside_outages"] == 0, report
     assert report["redis_recovery_seconds_max"] is not None and report["redis_recovery_seconds_max"] < 10, report
     assert report["worker_exits"] == report["workers_killed"], report
+
+
+def test_soak_names_the_slots_it_knows_when_asked_for_another(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.soak import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--faults", "full,flood"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown --faults flood; choose from delta, full, kill_worker" in err, err
