@@ -226,7 +226,8 @@ def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int,
     """A started-later gRPC server bound to host:port (RuntimeError if the port is taken)."""
     limit = ctx.settings.max_request_bytes
     # Admission for gRPC: calls beyond the workers plus every model's max_queued_requests
-    # are refused by grpc itself with RESOURCE_EXHAUSTED, before being read.
+    # are refused by grpc with RESOURCE_EXHAUSTED before being read, though by grpcio's
+    # polling thread in Python: under overload a refusal waits for the GIL too.
     queued = sum(entry.config.max_queued_requests for entry in ctx.models.entries.values())
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recserve-grpc"),
