@@ -304,6 +304,8 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     # The end's resources with the tree whole again (a worker killed near the end restarts).
     _wait_whole(server.pid, start_stats["processes"])
     time.sleep(2)
+    # Under load, as the start's and the first turn's: the same conditions compared.
+    end_stats = _tree_stats(server.pid)
     stop.set()
     results = []
     for _ in clients:
@@ -314,7 +316,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
                 break
     for c in clients:
         c.join(30)
-    end_stats = _tree_stats(server.pid)
+    idle_stats = _tree_stats(server.pid)
     server.send_signal(signal.SIGTERM)
     code = server.wait(60)
     log.close()
@@ -372,7 +374,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
               "skipped": disk.reason if disk is not None and not disk.mounted else "", "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
               "wrong_by": dict(sorted(wrong_by.items())),
               "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats,
-              "after_first_turn": turn_stats, "end": end_stats,
+              "after_first_turn": turn_stats, "end": end_stats, "after_load": idle_stats,
               "phases": per_phase, "log": str(root / "server.log")}
     return report
 
