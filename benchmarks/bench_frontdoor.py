@@ -110,16 +110,16 @@ def _grpc_overload(target: str, body: bytes) -> list[Row]:
         for calls in (64, 512, 64, 512):
             samples = pool.run(target, True, payload, calls, OVERLOAD_SECONDS, 1.0, 5.0)
             point = summarize(samples, 256, calls, OVERLOAD_SECONDS)
-            refused = np.concatenate([s.latency[~s.ok] for s in samples])
+            refused_latency = np.concatenate([s.latency[~s.ok] for s in samples])
+            failed = sum(point.errors.values())
+            refused, timeouts = point.errors.get("RESOURCE_EXHAUSTED", 0), point.errors.get("timeout", 0)
             result = {
                 "p50_ms": point.latency_ms["p50"], "p99_ms": point.latency_ms["p99"],
-                "ok_per_s": (point.requests - sum(point.errors.values())) / OVERLOAD_SECONDS,
-                "refused_per_s": point.errors.get("RESOURCE_EXHAUSTED", 0) / OVERLOAD_SECONDS,
-                "refused_p99_ms": float(np.percentile(refused, 99) * 1e3) if refused.size else 0.0,
-                "timeouts": point.errors.get("timeout", 0), "other": sum(point.errors.values()),
-                "client_cpu": point.client_cpu,
+                "ok_per_s": (point.requests - failed) / OVERLOAD_SECONDS,
+                "refused_per_s": refused / OVERLOAD_SECONDS,
+                "refused_p99_ms": float(np.percentile(refused_latency, 99) * 1e3) if refused_latency.size else 0.0,
+                "timeouts": timeouts, "other": failed - refused - timeouts, "client_cpu": point.client_cpu,
             }
-            result["other"] -= result["timeouts"] + point.errors.get("RESOURCE_EXHAUSTED", 0)
             if calls not in best or result["p99_ms"] < best[calls]["p99_ms"]:
                 best[calls] = result
     low, high = best[64], best[512]

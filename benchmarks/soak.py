@@ -141,8 +141,14 @@ def _tree_stats(pid: int) -> dict[str, int]:
 # requests in flight, and lookups that miss the cache while Redis is down. Failures in other
 # phases are the soak's findings.
 OUTAGES = ("kill_worker", "redis_restart")
-SLOTS = ("delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "steady", "store_error", "store_slow",
-         "store_truncated", "redis_restart", "disk_full")
+# The turn of faults: these always; the others when the store, Redis or the small disk is
+# there. "steady": nothing happens, so that steady latency is sampled all along the run,
+# under the conditions the faults meet (caches, memory, the machine's other load).
+TURN = ("delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta", "steady")
+STORE_TURN = ("store_error", "store_slow", "store_truncated", "steady")
+REDIS_TURN = ("redis_restart", "delta")
+DISK_TURN = ("disk_full",)
+SLOTS = tuple(dict.fromkeys(TURN + STORE_TURN + REDIS_TURN + DISK_TURN))  # for --faults
 
 
 def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
@@ -208,15 +214,13 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     phases.append((time.monotonic(), "steady"))
     version, step, version_dir = 1, 1, demo.version_dir
     tables = demo_tables()
-    # "steady": nothing happens, so that steady latency is sampled all along the run, under
-    # the conditions the faults meet (caches, memory, the machine's other load).
-    faults = ["delta", "full", "kill_worker", "deleted_mid_load", "corrupt", "delta", "steady"]
+    faults = list(TURN)
     if bucket is not None:
-        faults += ["store_error", "store_slow", "store_truncated", "steady"]
+        faults += STORE_TURN
     if redis_server is not None:
-        faults += ["redis_restart", "delta"]
+        faults += REDIS_TURN
     if disk is not None and disk.mounted:
-        faults += ["disk_full"]
+        faults += DISK_TURN
     if only:  # a subset of the turn, to find which fault a trend follows
         faults = [f for f in faults if f in only] or ["steady"]
     killed = 0
