@@ -5,7 +5,8 @@ the caller tries to take the version's import lock (``SET NX PX``): the one that
 writes the rows, with `writers` threads, renewing the lock every third of its lifetime,
 then the sample keys, and the ready key LAST; the others poll for the ready key with
 backoff and take over the import if the lock expires without one (the importer died).
-Waiting is bounded by `wait_seconds`.
+Waiting is bounded by `wait_seconds`. `write_once` does the same for smaller writes (a
+delta), with one key as both the lock and the mark that the write is done.
 
 After an import, the importer retires old versions: every version but the newest
 `KEEP_VERSIONS` (by global_step) gets an expiry of `grace_seconds` on its ready key first,
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,15 +34,18 @@ from recserve.errors import ModelLoadError, VersionNotReadyError
 from recserve.model_store.backoff import Backoff
 from recserve.model_store.checkpoint import TableData
 
-__all__ = ["KEEP_VERSIONS", "TableInfo", "VersionInfo", "ensure_version", "write_rows"]
+__all__ = ["KEEP_VERSIONS", "TableInfo", "VersionInfo", "ensure_version", "mark_written", "write_once", "write_rows"]
 
 log = logging.getLogger("recserve.embedding")
+
+T = TypeVar("T")
 
 KEEP_VERSIONS = 2
 SAMPLE_KEYS = 4096
 _CHUNK_ROWS = 2048
 _WAIT_BACKOFF = Backoff(base=0.02, cap=0.5)
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+_WRITTEN = b"1"  # write_once's mark; a claim holds a token instead
 _RENEW = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -87,7 +91,7 @@ def write_rows(client: Any, cluster: bool, prefix: bytes, keys: np.ndarray, valu
 
 
 class _LockKeeper:
-    """Renews an import lock on its own thread until stopped; `lost` says it failed to."""
+    """Renews a lock on its own thread until stopped; `lost` says it failed to."""
 
     def __init__(self, conn: RedisConnection, key: str, token: str, ttl_ms: int) -> None:
         self.lost = False
@@ -100,9 +104,9 @@ class _LockKeeper:
         conn, key, token, ttl_ms = self._args
         while not self._stop.wait(ttl_ms / 3000):
             try:
-                renewed = conn.call("renewing the import lock", lambda c: c.eval(_RENEW, 1, key, token, ttl_ms))
+                renewed = conn.call(f"renewing the lock {key}", lambda c: c.eval(_RENEW, 1, key, token, ttl_ms))
             except Exception as exc:  # noqa: BLE001 - a missed renewal is retried; expiry is the backstop
-                log.debug("Redis: renewing the import lock failed: %s", exc)
+                log.debug("Redis: renewing the lock %s failed: %s", key, exc)
                 continue
             if not renewed:
                 self.lost = True
@@ -240,4 +244,63 @@ def ensure_version(
                 f"version {version!r} of model {space.model!r} is being imported into Redis by "
                 f"another replica and was not ready after {wait_seconds:g} s (lock_timeout)"
             )
+        sleep(backoff.compute(attempt))
+
+
+def mark_written(conn: RedisConnection, marker: str) -> None:
+    """Sets `marker` to write_once's written value: replicas calling write_once on it skip."""
+    conn.call(f"marking {marker} written", lambda c: c.set(marker, _WRITTEN))
+
+
+def write_once(
+    conn: RedisConnection,
+    marker: str,
+    write: Callable[[], T],
+    *,
+    lock_seconds: float,
+    wait_seconds: float,
+    backoff: Backoff = _WAIT_BACKOFF,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T | None:
+    """`write()`'s result if this call ran it; None once another replica's run of it is done.
+
+    The replica that claims `marker` (``SET NX PX`` with a token, renewed while it writes)
+    runs `write` and then sets the marker to its written value, which lasts; the others
+    poll until they see that value. A claim that lapses (its writer died) or is released
+    (its write raised) is taken over. A writer still holding the claim after
+    `wait_seconds` is assumed stuck: the caller writes too, which repeats the same rows
+    rather than leaving this replica's Redis rows unwritten. Raises StorageError if
+    Redis is unreachable, and what `write` raises."""
+    deadline = clock() + wait_seconds
+    lock_ms = max(1, int(lock_seconds * 1000))
+    attempt = 0
+    while True:
+        attempt += 1
+        token = uuid.uuid4().hex
+        if conn.call(f"claiming {marker}", lambda c: c.set(marker, token, nx=True, px=lock_ms)):  # noqa: B023
+            keeper = _LockKeeper(conn, marker, token, lock_ms)
+            try:
+                result = write()
+            except BaseException:
+                keeper.stop()
+                try:
+                    conn.call(f"releasing {marker}", lambda c: c.eval(_RELEASE, 1, marker, token))  # noqa: B023
+                except Exception:  # noqa: BLE001 - the claim lapses by itself
+                    log.warning("Redis: could not release the claim %s; it lapses", marker)
+                raise
+            keeper.stop()
+            mark_written(conn, marker)
+            return result
+        state = conn.call(f"reading {marker}", lambda c: c.get(marker))
+        if state == _WRITTEN:
+            return None
+        if state is None:
+            continue  # released or lapsed between the two calls: claim it again at once
+        if clock() >= deadline:
+            log.warning("Redis: %s has been claimed for over %g s without being written; writing it here too",
+                        marker, wait_seconds)
+            result = write()
+            mark_written(conn, marker)
+            return result
         sleep(backoff.compute(attempt))

@@ -35,7 +35,7 @@ from recserve.embedding import EmbeddingTable, LookupPlan
 from recserve.embedding._inputs import check_count, check_ids
 from recserve.embedding.redis_connection import RedisConnection
 from recserve.embedding.redis_follower import VersionFollower
-from recserve.embedding.redis_import import VersionInfo, ensure_version
+from recserve.embedding.redis_import import VersionInfo, ensure_version, mark_written, write_once
 from recserve.embedding.redis_keys import KeySpace
 from recserve.embedding.redis_table import RedisTable
 from recserve.errors import ModelLoadError
@@ -101,12 +101,14 @@ class RedisTableSet:
         follower: VersionFollower,
         space: KeySpace,
         deltas: list[tuple[int, Callable[[], Checkpoint]]],
+        wait_seconds: float,
     ) -> None:
         self.info = info
         self.imported = imported  # whether this replica wrote the version into Redis
         self.tables = tables
         self._conn, self._readers, self._follower, self._space = conn, readers, follower, space
         self._deltas = deltas  # the applied deltas, re-read to re-import the version
+        self._wait_seconds = wait_seconds  # for another replica's write of a delta (lock_timeout)
 
     @property
     def version(self) -> str:
@@ -122,17 +124,16 @@ class RedisTableSet:
 
     def apply_delta(self, delta: Checkpoint, apply: Callable[[Mapping[str, object], Checkpoint], int]) -> int:
         """A delta's rows, by `apply` (the updater's apply_delta): written to Redis (and its
-        cache) by the first replica to apply it; the others drop the changed keys from their
-        caches and read them from Redis again. A marker per delta, which lives as long as the
-        version, records the write, so a replica applying the delta later (one that starts,
-        or lags) never writes older rows over newer stream updates. Replicas applying one
-        delta at the same moment may both write it: the same rows."""
+        cache) by exactly one replica (redis_import.write_once); the others wait until it
+        is written, then drop the changed keys from their caches and read them from Redis
+        again. The delta's marker lives as long as the version, so a replica applying the
+        delta later (one that starts, or lags) never writes older rows over newer stream
+        updates."""
         marker = self._space.delta(self.version, delta.ref.global_step)
-        if self._conn.call("reading a delta marker", lambda c: c.exists(marker)):
+        changed = write_once(self._conn, marker, lambda: apply(self.tables, delta),
+                             lock_seconds=IMPORT_LOCK_SECONDS, wait_seconds=self._wait_seconds)
+        if changed is None:
             changed = apply({name: table.invalidation for name, table in self.tables.items()}, delta)
-        else:
-            changed = apply(self.tables, delta)
-            self._conn.call("writing a delta marker", lambda c: c.set(marker, b"1"))
         # Kept as a way to read it again, not as rows: a re-import needs them only if Redis
         # loses the version (one TF-format delta has no reader and is kept whole).
         self._deltas.append((delta.ref.global_step, delta.with_tables or (lambda: delta)))
@@ -254,8 +255,7 @@ def open_redis_tables(
             _, imported = import_version(applied, float(config.lock_timeout) if can_import else 0.0)
             if imported:  # their rows are in: a replica applying one later only re-reads
                 for delta_step, _ in applied:
-                    marker = space.delta(version, delta_step)
-                    conn.call("writing a delta marker", lambda c, m=marker: c.set(m, b"1"))
+                    mark_written(conn, space.delta(version, delta_step))
 
         follower = VersionFollower(conn, space, version, tables, reimport, follow_stream=config.redis_stream_updates)
         follower.start()
@@ -264,4 +264,4 @@ def open_redis_tables(
             readers.shutdown(wait=False)
         conn.close()
         raise
-    return RedisTableSet(info, imported, tables, conn, readers, follower, space, deltas)
+    return RedisTableSet(info, imported, tables, conn, readers, follower, space, deltas, float(config.lock_timeout))
