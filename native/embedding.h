@@ -33,7 +33,7 @@
  * drain to decide admission and eviction (LFU or LRU).
  *
  * Status codes: every function that can fail returns an int (RS_OK = 0).
- * Strings for rs_xxh64_batch are UTF-8 bytes; XXH64 with seed 0, read as int64.
+ * Strings for rs_xxh64_batch/_spans are UTF-8 bytes; XXH64 with seed 0, read as int64.
  * The host must be little-endian (x86_64, aarch64).
  */
 #ifndef RECSERVE_EMBEDDING_H
@@ -174,6 +174,10 @@ RS_API void rs_default_vectors(double stddev, uint64_t seed, const int64_t* keys
                                int64_t dim, float* out);
 RS_API void rs_xxh64_batch(const uint8_t* data, const int64_t* starts, const int64_t* lengths,
                            int64_t n, int64_t* out);
+/* The same over n (start, length) pairs laid out one after the other in `spans` (as the
+ * request parser leaves string values); `out` may be `spans` itself: key i is written after
+ * pair i is read, over pairs already read. */
+RS_API void rs_xxh64_spans(const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out);
 
 /* Internal: one key's N(0, stddev) default row (the algorithm is in embedding_keys.c). */
 void rs_default_vector(double stddev, uint64_t seed, int64_t key, int64_t dim, float* out);

@@ -94,6 +94,13 @@ void rs_xxh64_batch(const uint8_t* data, const int64_t* starts, const int64_t* l
     }
 }
 
+void rs_xxh64_spans(const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t start = spans[2 * i], length = spans[2 * i + 1];
+        out[i] = length == 0 ? -1 : (int64_t)xxh64(data + start, (uint64_t)length);
+    }
+}
+
 /* ---- default rows: splitmix64 counters -> Box-Muller in double -> float32 ---- */
 
 static inline uint64_t splitmix64(uint64_t x) {

@@ -60,6 +60,7 @@ if os.environ.get("RECSERVE_PURE_PYTHON") == "1":
         LookupPlan,
         default_vectors,
         string_keys,
+        string_keys_at,
     )
 
     IMPLEMENTATION = "python"
@@ -69,6 +70,7 @@ else:
         LookupPlan,
         default_vectors,
         string_keys,
+        string_keys_at,
     )
 
     IMPLEMENTATION = "native"
@@ -85,5 +87,6 @@ __all__ = [
     "default_vectors",
     "empty_rows",
     "string_keys",
+    "string_keys_at",
     "tier_spec",
 ]

@@ -108,6 +108,7 @@ def _load() -> ctypes.CDLL:
         "rs_table_delete": (ctypes.c_int, [_p, _p, _i64]),
         "rs_default_vectors": (None, [ctypes.c_double, ctypes.c_uint64, _p, _i64, _i64, _p]),
         "rs_xxh64_batch": (None, [_p, _p, _p, _i64, _p]),
+        "rs_xxh64_spans": (None, [ctypes.c_char_p, _p, _i64, _p]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -548,6 +549,13 @@ def string_keys(values: Sequence[bytes | str] | np.ndarray) -> np.ndarray:
         _address(buffer), _address(starts), _address(lengths), len(lengths), _address(keys)
     )
     return keys.reshape(shape)
+
+
+def string_keys_at(data: bytes, spans: np.ndarray) -> None:
+    """string_keys of the n strings data[start:start + length] that `spans` (int64,
+    C-contiguous, 2n values: start, length, start, length, ...) names, written over the
+    first n values of `spans` (the request parser's layout, hashed without building them)."""
+    _LIB.rs_xxh64_spans(data, _address(spans), len(spans) // 2, _address(spans))
 
 
 def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:

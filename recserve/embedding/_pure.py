@@ -261,6 +261,12 @@ def string_keys(values: Sequence[bytes | str] | np.ndarray) -> np.ndarray:
     return np.array(keys, dtype=np.int64).reshape(shape)
 
 
+def string_keys_at(data: bytes, spans: np.ndarray) -> None:
+    pairs = spans.tolist()
+    n = len(pairs) // 2
+    spans[:n] = [string_key(data[s : s + k]) for s, k in zip(pairs[0::2], pairs[1::2])]
+
+
 def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:
     spec = _inputs.check_default("default_vectors", spec)
     dim = _inputs.check_dim("default_vectors", dim)

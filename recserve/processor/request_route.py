@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from recserve.embedding import string_keys
+from recserve.embedding import string_keys_at
 from recserve.processor.signature import Signature
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class RequestRoute:
         layout: Any,
         bound: tuple[str, ...],
         dense: tuple[tuple[str, _Reader, np.dtype[Any] | None], ...],
-        strings: tuple[tuple[int, int, _Reader], ...],
+        strings: tuple[tuple[int, int], ...],
         outputs: Sequence[tuple[str, str]],
         batch_size: int,
         folded: _FoldedFeed | None = None,
@@ -108,7 +108,7 @@ class RequestRoute:
         self._layout = layout          # the plan's packed layout of the bindings' ids
         self._bound = bound            # graph inputs the plan's outputs feed, in plan order
         self._dense = dense            # (graph input, reader, dtype to cast to or None)
-        self._strings = strings        # (slot, count, reader) of string ids to hash in place
+        self._strings = strings        # (first, stop) of string ids' (start, length) pairs to hash in place
         self.output_keys = tuple(key for key, _ in outputs)
         self.output_names = [name for _, name in outputs]
         self.batch_size = batch_size
@@ -133,7 +133,7 @@ class RequestRoute:
         for alias, _, is_string in bound:
             inp, ids = wire[alias], arrays[alias]
             if is_string:
-                strings.append((inp.slot, inp.count, inp.reader()))   # 2 slots per string: room
+                strings.append((inp.slot, inp.slot + 2 * inp.count))   # each key over its own pair
             elif not inp.int64_values:
                 return None
             spans.append((inp.slot, ids.shape))
@@ -190,8 +190,8 @@ class RequestRoute:
         """The graph's inputs for a request of this route's layout. Consumes `parsed`: string
         ids are overwritten by their keys."""
         values, data = parsed.values, parsed.data
-        for slot, count, read in self._strings:
-            values[slot:slot + count] = string_keys(read(values, data).reshape(-1))
+        for first, stop in self._strings:
+            string_keys_at(data, values[first:stop])
         feeds = {
             name: read(values, data) if cast is None else read(values, data).astype(cast)
             for name, read, cast in self._dense

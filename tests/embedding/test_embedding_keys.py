@@ -72,6 +72,23 @@ def test_numpy_string_arrays_keep_their_shape(engine) -> None:
         assert keys.tolist() == expected
 
 
+def test_string_keys_at_hash_spans_of_a_buffer_in_place(engine) -> None:
+    """The request parser's layout: (start, length) pairs into the request bytes; each key
+    lands over the first half of the pairs, the second half is left as it was."""
+    strings = [*KNOWN, b"", PATTERN[:33]]
+    data = b"junk" + b"".join(strings) + b"tail"
+    spans, at = [], 4
+    for s in strings:
+        spans += [at, len(s)]
+        at += len(s)
+    values = np.array([7, *spans, 9], dtype=np.int64)  # neighbours stay untouched
+    engine.string_keys_at(data, values[1:-1])
+    n = len(strings)
+    assert values[1:1 + n].tolist() == [*KNOWN.values(), -1, BY_LENGTH[33]]
+    assert values[1 + n:-1].tolist() == spans[n:]
+    assert (values[0], values[-1]) == (7, 9)
+
+
 def test_string_keys_reject_non_strings(engine) -> None:
     with pytest.raises(RequestError, match="string ids must be bytes or str, got int"):
         engine.string_keys([b"a", 5])
