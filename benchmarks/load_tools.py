@@ -1,5 +1,6 @@
 """What the server benchmarks (and the worker memory test) share: free ports, wrk runs
-with a binary POST body, and the CPU and memory of a server's whole process tree."""
+with a binary POST body, and the CPU and memory of a server's whole process tree (and the
+share of that CPU its requests' handlers report)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["free_port", "post_script", "process_tree", "tree_cpu_seconds", "tree_memory", "wait_ready", "wrk"]
+__all__ = ["free_port", "post_script", "process_tree", "request_cpu_seconds", "tree_cpu_seconds", "tree_memory", "wait_ready", "wrk"]
 
 
 def free_port() -> int:
@@ -57,6 +58,17 @@ def tree_cpu_seconds(pid: int) -> float:
             continue
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def request_cpu_seconds(base_url: str) -> float:
+    """The server's recserve_request_cpu_seconds_total summed over models and routes: CPU
+    spent serving requests from the model's lease to the answer (the rest of the process's
+    CPU is the protocols' own)."""
+    import httpx
+
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("recserve_request_cpu_seconds_total{"))
 
 
 def tree_memory(pid: int) -> dict[str, int]:

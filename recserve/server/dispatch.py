@@ -47,7 +47,7 @@ class Dispatcher:
     ) -> Outcome:
         """Run `handler` on the model `find` names. The handler returns (status, result)
         or raises RecserveError; either way the caller gets (status, result or message)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         trace = RequestTrace()
         label = UNKNOWN_MODEL
         step = None
@@ -67,7 +67,7 @@ class Dispatcher:
             status, result = 500, f"internal error: {type(exc).__name__}: {exc}"
         if status != 200 and isinstance(result, bytes):
             result = result.decode("utf-8", "replace")
-        self.metrics.observe(label, route, status, time.perf_counter() - started, trace)
+        self.metrics.observe(label, route, status, time.perf_counter() - started, trace, time.thread_time() - cpu)
         if step is not None and entry is not None and status == 200:
             self._write_timeline(entry, step, trace)
         return status, result

@@ -1,7 +1,9 @@
 """Prometheus metrics at ``/metrics``.
 
 Per request (recorded by the dispatcher): requests and errors by model, route and code;
-latency by route, and by stage (decode / lookup / run / encode); batch sizes. Read at
+latency by route, and by stage (decode / lookup / run / encode); batch sizes; the CPU time
+of serving them (what a model costs, and what the server spends around it: the process's
+CPU minus this is the protocols' own share). Read at
 scrape time from the models (`ModelCollector`): readiness, the serving version and step,
 processor loads, updates and update failures, and embedding-table sizes and hit rates
 when model_info() reports them under "tables" ({table: {rows, lookups, hits}}). Thread-safe (prometheus_client's metrics are).
@@ -46,6 +48,10 @@ class ServerMetrics:
                                ["model", "stage"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.batch = Histogram("recserve_batch_size", "Rows (samples) per request.", ["model"],
                                buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.cpu = Counter("recserve_request_cpu_seconds",
+                           "CPU time of the thread serving each request from its model's lease to its answer "
+                           "(decode, lookup, run, encode; not reading the request or writing the answer, and "
+                           "not ONNX Runtime's own intra-op threads).", ["model", "route"], registry=self.registry)
         self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
                                  ["model", "result"], registry=self.registry)
         self.http_timeouts = Counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "
@@ -67,7 +73,8 @@ class ServerMetrics:
             MultiProcessCollector(self._pool_registry)
             self._pool_registry.register(ModelCollector(models))
 
-    def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace) -> None:
+    def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace,
+                cpu_seconds: float = 0.0) -> None:
         if status != 200:
             # Refusals come in floods (admission control): their children are cached too.
             failed = self._failed.get((model, route, status))
@@ -75,10 +82,12 @@ class ServerMetrics:
                 code = str(status)
                 failed = self._failed[(model, route, status)] = (
                     self.requests.labels(model, route, code), self.latency.labels(model, route),
-                    self.errors.labels(model, route, code))
+                    self.errors.labels(model, route, code), self.cpu.labels(model, route))
             failed[0].inc()
             failed[1].observe(seconds)
             failed[2].inc()
+            if cpu_seconds:
+                failed[3].inc(cpu_seconds)
             return
         # labels() costs a lock and a dict lookup per metric (~15 us a request for all of
         # them): a 200's children are looked up once per (model, route). Labels are bounded
@@ -88,10 +97,12 @@ class ServerMetrics:
             bound = self._ok[(model, route)] = (
                 self.requests.labels(model, route, "200"), self.latency.labels(model, route),
                 tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
+                self.cpu.labels(model, route),
             )
-        requests, latency, stages, batch = bound
+        requests, latency, stages, batch, cpu = bound
         requests.inc()
         latency.observe(seconds)
+        cpu.inc(cpu_seconds)
         for stage, histogram in zip(STAGES, stages):
             spent = trace.seconds(stage)
             if spent:
