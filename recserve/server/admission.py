@@ -45,12 +45,17 @@ class Admission:
         the request's headers were read, so a backlog on the event loop counts as waiting) or
         now. Raises OverloadedError when the wait is full."""
         with self._lock:
-            if self._waiting >= self.max_waiting:
-                raise OverloadedError(
-                    f"model {self._model!r} is overloaded: {self._waiting} requests are waiting "
-                    f"(max_queued_requests {self.max_waiting}); retry later or on another replica")
+            self.check_room()
             self._waiting += 1
         return time.monotonic() if at is None else at
+
+    def check_room(self) -> None:
+        """OverloadedError if the wait is full now (`arrive` would refuse; a request refused
+        here never takes the path to it)."""
+        if self._waiting >= self.max_waiting:
+            raise OverloadedError(
+                f"model {self._model!r} is overloaded: {self._waiting} requests are waiting "
+                f"(max_queued_requests {self.max_waiting}); retry later or on another replica")
 
     def leave(self) -> None:
         """Give the place up without starting (the request failed before its turn)."""

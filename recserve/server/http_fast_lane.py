@@ -7,9 +7,10 @@ anyway gains nothing from them. So when a request's headers arrive, the HTTP pro
 (recserve.server.http_protocol) asks `FastLane.wants`: a POST on a prediction route
 (PredictRoutes') with a Content-Length that fits one read and no Content-Encoding,
 Transfer-Encoding or Expect. Its body then gathers in the protocol, and as its last byte
-arrives `FastLane.answer` runs it with the same call (predict_call), admission, dispatcher,
-metrics and answer as PredictRoutes, or declines (None) when its model runs on worker
-threads, and the request takes the ASGI route unchanged.
+arrives `FastLane.answer` refuses it (503) when its model's wait is full or it waited too
+long, runs it with the same call (predict_call), admission, dispatcher, metrics and answer
+as PredictRoutes, or declines (None) when its model runs on worker threads, and the request
+takes the ASGI route unchanged.
 
 Event loop only.
 """
@@ -46,14 +47,16 @@ class FastLane:
 
     def _refusal(self, call: PredictCall, arrived: float, deadline: float | None) -> Response | None:
         """The 503 for a request that already waited past its model's max_queue_ms or its
-        deadline on a busy loop, refused before anything else is done for it: a busy loop is
-        when refusals are many, and each costs the requests that are admitted."""
+        deadline on a busy loop, or whose model's wait is full, refused before anything else
+        is done for it: under overload refusals are many, and each costs the requests that
+        are admitted (one refused here costs a fraction of one refused on the ASGI route)."""
         try:
             entry = call.find()
         except RecserveError:
             return None  # an unknown model: the dispatcher answers it, and counts it
         try:
             entry.admission.check_wait(arrived, deadline)
+            entry.admission.check_room()
         except OverloadedError as exc:
             self._ctx.metrics.observe(entry.name, call.route, exc.status, 0.0, RequestTrace())
             return error_response(exc.status, exc.message)
@@ -99,12 +102,12 @@ class FastLane:
                 elif name == _TIMEOUT:
                     timeout = value.decode("latin-1")
             call = predict_call(ctx, kind, names, body, header_length)
-            if not ctx.inline.inline(call.model, len(body)):
-                return None
             deadline = deadline_from(timeout, arrived)
             refusal = self._refusal(call, arrived, deadline)
             if refusal is not None:
                 return refusal
+            if not ctx.inline.inline(call.model, len(body)):
+                return None  # admitted so far: its turn comes on a worker thread, via ASGI
             return call.respond(dispatch_inline(ctx, call.route, call.model, call.find, call.handler,
                                                 deadline, arrived))
         except RecserveError as exc:

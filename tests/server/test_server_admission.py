@@ -54,9 +54,13 @@ def test_a_passed_client_deadline_is_dropped_with_retry_after(server, demo) -> N
     assert ok.status_code == 200
 
 
-def test_a_flood_gets_fast_refusals_and_the_admitted_answers_stay_exact(launch, demo, demo_processor) -> None:
+@pytest.mark.parametrize("inline_max_ms", ["1", "0"], ids=["on-the-loop", "on-worker-threads"])
+def test_a_flood_gets_fast_refusals_and_the_admitted_answers_stay_exact(launch, demo, demo_processor,
+                                                                       inline_max_ms) -> None:
+    """Both ways a model runs: on the event loop, and on worker threads (where the fast lane
+    refuses a request when the wait is full, and the admitted ones take the ASGI route)."""
     config = json.loads(demo.config_path.read_text()) | {"max_queued_requests": 4, "max_queue_ms": 1}
-    server = launch(config)
+    server = launch(config, env={"RECSERVE_INLINE_MAX_MS": inline_max_ms})
     rng = np.random.default_rng(1)
     bodies = [encode_request(demo.sample_inputs(256, rng)) for _ in range(4)]
     wants = [decode_response(demo_processor.process(b)[1]) for b in bodies]
