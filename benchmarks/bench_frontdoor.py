@@ -29,7 +29,10 @@ NOTES = """Demo model (`recserve demo`), one server process on loopback, wrk -t1
 `/api/predict/default`. Server CPU per request = the server process's user+system CPU
 (/proc/<pid>/stat, every thread) over the requests wrk completed, 5 s per run after a 2 s
 warmup; in-process = `Processor.process` CPU (time.process_time) per call on the same bytes in
-the benchmark's process. Overload: wrk's own p50/p99 over every answer (fast 503s included),
+the benchmark's process; the server's CPU is split with its recserve_request_cpu_seconds_total
+into the requests' handlers (lease to answer) and the HTTP front end (everything else:
+reading, parsing, admission, metrics, writing; a bare uvicorn app answering fixed bytes
+spent 46 us per request here in 2026-11). Overload: wrk's own p50/p99 over every answer (fast 503s included),
 answered-200 requests/s, 503s/s and client timeouts (wrk --timeout 5s); 8 s per run, 64 and
 512 connections alternated twice, the better of each kept. wrk from Debian's package
 (`make bench` installs it). gRPC overload: the same request to EAS `Predict` from `recserve

@@ -33,7 +33,17 @@ parsing) for {SECONDS:.0f} s, against `recserve serve` and against a minimal grp
 own answer bytes; {ROUNDS} alternating rounds, the lower CPU per call of each kept. Server CPU per
 call = user+system CPU of the server's process tree over the calls answered; in-process =
 `Processor.process` CPU per call on the same bytes in the benchmark's process. Goal: (server -
-in-process) <= 1.2x the floor's CPU per call."""
+in-process) <= 1.2x the floor's CPU per call. The row splits the server's CPU with
+recserve_request_cpu_seconds_total into the calls' handlers (lease to answer:
+`Processor.process` and the servicer's work around it) and the rest (grpcio, the servicer
+outside the dispatcher). Inside the server the handler costs 3-4x `Processor.process` in
+the benchmark's own loop. The Processor runs cold there: its code and data leave the caches
+between calls. In a loop of its own, on this machine, a batch-1 call took 126 us
+back to back, 261-305 us with a 0.5 ms sleep between calls, and 402-427 us after touching
+8 MB between calls; every stage grew alike. A grpc.aio server calling `Processor.process`
+on its loop measured ~750 us per call against ~870 us for a sync one. With the same call on
+an executor it measured ~1,160 us, and grpc.aio admits calls one per loop turn, so its
+backlog waits inside gRPC where no admission control can count it."""
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes, metrics: str | None = None) -> tuple[float, float]:

@@ -37,7 +37,15 @@ Plain model: the same network as one exporter-style ONNX file (26 Gathers on [40
 initializers, 13 dense features, MLP 429-512-256-1, no model.json), served with
 `enable_device_placement_optimization`; baseline: onnxruntime running that original file on
 numpy feeds with the same intra-op threads (1) and spinning setting. The two alternate
-request by request; outputs are checked equal (<= 1e-5) before timing."""
+request by request; outputs are checked equal (<= 1e-5) before timing.
+
+The plain model's rows depend on the machine. On the AMD EPYC VM (commit 72fefe7) they met
+their goals: batch-1 overhead 26 us, 0.959 at batch 64, 1.007 at batch 512. On the Intel Xeon
+VM the same commit measures ~78 us, 0.80 and 0.88. Each side's run evicts the other's
+tables and code from the caches, and recserve's stages run cold. Decode takes 31 us here
+against 4.5 us in a loop of its own, and batch-64 lookups 165 us against 22 us. A cold
+lookup waits on two dependent misses per id (index line, then row); ONNX Runtime's Gather
+waits on one."""
 
 
 def _floor_session(model_path: str) -> ort.InferenceSession:
