@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from benchmarks.redis_server import RedisServer
 from benchmarks.report import Row
-from benchmarks.soak_stores import RedisProcess
 from recserve.config import ProcessorConfig
 from recserve.embedding import EmbeddingTable, LookupPlan
 from recserve.embedding.redis_keys import KeySpace, row_keys
@@ -68,7 +68,8 @@ def run() -> list[Row]:
     keys = rng.choice(2**62, size=ROWS, replace=False).astype(np.int64)
     values = rng.standard_normal((ROWS, DIM)).astype(np.float32)
     workdir = tempfile.mkdtemp(prefix="bench-redis-")
-    server = RedisProcess(Path(workdir))
+    server = RedisServer(Path(workdir))
+    server.start()
     try:
         client = redis.Redis(port=server.port)
         checkpoint = Checkpoint(VersionRef("1", workdir, 1), Manifest("full", 1, {}), {"emb": TableData(keys, values)}, {})
@@ -94,7 +95,7 @@ def run() -> list[Row]:
         finally:
             store.close()
     finally:
-        server.close()
+        server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     r, m = float(np.percentile(redis_cold, 50)), float(np.percentile(raw_mget, 50))
     overhead = Row(f"Redis lookup p50 latency, batch {BATCH}, cold (x one bare redis-py MGET)",

@@ -25,6 +25,7 @@ import grpc
 import httpx
 import numpy as np
 
+from benchmarks.load_tools import free_port
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -50,12 +51,6 @@ server's CPU time (all threads, /proc/<pid>/stat) is divided by the count, again
 of Processor.process in this process. Before the EAS route left FastAPI and the server
 moved to uvloop (2026-11), the HTTP figure was ~820-1,040 us on this machine (same
 method, measured by hand over five alternating runs; ~580-670 us after)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _percentiles(latencies: list[float], count: int, elapsed: float) -> tuple[float, float, float]:
@@ -146,7 +141,7 @@ def _kserve_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, int]:
 
 
 def _start_server(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int, int]:
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",

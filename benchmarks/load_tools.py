@@ -14,10 +14,22 @@ from pathlib import Path
 __all__ = ["free_port", "post_script", "process_tree", "request_cpu_seconds", "tree_cpu_seconds", "tree_memory", "wait_ready", "wrk"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(*, with_cluster_bus: bool = False) -> int:
+    """A free port on 127.0.0.1; with_cluster_bus: one whose Redis Cluster bus port (port +
+    10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not with_cluster_bus:
+            return port
+        if port + 10000 <= 65535:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, *, what: str = "the server",

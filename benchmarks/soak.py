@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.load_tools import free_port, process_tree, tree_memory, wait_ready
-from benchmarks.soak_stores import Bucket, RedisProcess, SmallDisk
+from benchmarks.redis_server import RedisServer
+from benchmarks.soak_stores import Bucket, SmallDisk
 from recserve import Processor
 from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
@@ -157,7 +158,9 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     demo = write_demo(root / "demo")
     local_config = {**demo.config(), "model_update_interval_seconds": 0.2}
     bucket = Bucket() if store == "s3" else None
-    redis_server = RedisProcess(root) if tables_in == "redis" else None
+    redis_server = RedisServer(root) if tables_in == "redis" else None
+    if redis_server is not None:
+        redis_server.start()
     disk = SmallDisk(root / "ssd") if tables_in == "tiered" else None
     config = dict(local_config)
     if redis_server is not None:
@@ -325,9 +328,11 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     code = server.wait(60)
     log.close()
     proxied = dict(bucket.proxy.served) if bucket is not None else {}
-    for fixture in (bucket, redis_server, disk):
+    for fixture in (bucket, disk):
         if fixture is not None:
             fixture.close()
+    if redis_server is not None:
+        redis_server.stop()
     # Every worker exit the log reports, beyond the soak's own kills, is a crash it found.
     exits = (root / "server.log").read_text(errors="replace").count(") exited (")
 

@@ -4,7 +4,6 @@ redis-server it kills, and a small filesystem it fills (benchmarks/soak.py)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from benchmarks.fault_proxy import FaultProxy
 from benchmarks.load_tools import free_port
 
-__all__ = ["Bucket", "RedisProcess", "SmallDisk"]
+__all__ = ["Bucket", "SmallDisk"]
 
 
 class Bucket:
@@ -64,50 +63,6 @@ class Bucket:
         self.proxy.close()
         self.process.terminate()
         self.process.wait(30)
-
-
-class RedisProcess:
-    """A redis-server on a free port without persistence: killed, it comes back empty."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed; run `make redis-server`")
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
-        self._args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                      "--dir", str(workdir)]
-        self.process: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        import redis
-
-        self.process = subprocess.Popen(self._args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_timeout=1)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.01)
-        client.close()
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash: every row it held is gone."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
-            self.process = None
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
 
 
 class SmallDisk:

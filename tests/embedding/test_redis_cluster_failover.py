@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import redis
 
+from benchmarks.load_tools import free_port
 from recserve import Processor
 from recserve.embedding.redis_keys import KeySpace
 from recserve.export.demo import DemoModel, write_demo
@@ -27,15 +27,6 @@ from recserve.export.demo import DemoModel, write_demo
 pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli (redis-tools) is not installed")
 
 RECOVERY_SECONDS = 10.0
-
-
-def _free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 <= 65535:  # the cluster bus listens on port + 10000
-            return port
 
 
 def _cli(port: int, *args: str) -> str:
@@ -50,7 +41,7 @@ class RedisClusterProcesses:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         ports: list[int] = []
         while len(ports) < 6:
-            port = _free_port()
+            port = free_port(with_cluster_bus=True)
             if port not in ports:
                 ports.append(port)
         for port in ports:
