@@ -233,7 +233,7 @@ class ProcessorConfig:
     lock_timeout: int = _field(
         900, kinds.integer(1), "honoured",
         "Redis store: the longest a replica waits for another replica's import of a new "
-        "version (the import lock itself expires after 30 s without renewal).",
+        "version, or its write of a delta (the lock itself expires after 30 s without renewal).",
     )
     ev_storage_type: int = _field(
         0, kinds.choice(0, 1, 12), "mapped",
