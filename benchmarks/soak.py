@@ -50,6 +50,7 @@ from recserve.wire.codec import encode_request
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_SECONDS = 10.0
 REQUESTS = 8  # distinct requests, batch 1 (a row is entirely old or new: one answer per state)
+FAILED_CALL_PAUSE = 0.01  # seconds a client waits after a failed call before its next one
 
 
 def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: object, out: object) -> None:
@@ -91,6 +92,11 @@ def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: o
             code = getattr(exc, "code", None)
             ok, claim, value = False, (type(exc).__name__, str(code() if callable(code) else "")), b""
         results.append((started, time.monotonic() - started, kind, index, ok, claim, value))
+        if not ok:
+            # As a real client backs off: a channel whose connection died fails every call
+            # at once until it reconnects, and a client retrying in a tight loop would count
+            # thousands of failures for one outage of a second.
+            time.sleep(FAILED_CALL_PAUSE)
         if len(results) >= 200:
             out.put(results)  # type: ignore[attr-defined]
             results = []

@@ -18,7 +18,8 @@ def test_soak_answers_stay_right_through_faults():
     report = soak(minutes=0.25, workers=2, every=1.5)
     assert report["faults"] >= 6, report  # each kind once at least
     assert report["wrong"] == 0 and report["unattributed"] == 0, report
-    assert report["failed"] <= 0.01 * report["sent"], report
+    # the failures by client, phase and kind first: pytest cuts a long report short
+    assert report["failed"] <= 0.01 * report["sent"], (report["failed_by"], report["phases"], report)
     assert report["exit_code"] == 0, report
     assert report["worker_exits"] == report["workers_killed"], report  # no worker died on its own
     assert report["end"]["processes"] >= 3, report
