@@ -90,6 +90,15 @@ def write_rows(client: Any, cluster: bool, prefix: bytes, keys: np.ndarray, valu
             client.execute_command("MSET", *pairs)
 
 
+def _release(conn: RedisConnection, key: str, token: str) -> None:
+    """Deletes lock `key` if it still holds this caller's `token`; a failure only logs (the
+    lock lapses by itself)."""
+    try:
+        conn.call(f"releasing {key}", lambda c: c.eval(_RELEASE, 1, key, token))
+    except Exception:  # noqa: BLE001 - the lock lapses by itself
+        log.warning("Redis: could not release %s; it lapses", key)
+
+
 class _LockKeeper:
     """Renews a lock on its own thread until stopped; `lost` says it failed to."""
 
@@ -227,10 +236,7 @@ def ensure_version(
                 finally:
                     keeper.stop()
             finally:
-                try:
-                    conn.call("releasing the import lock", lambda c: c.eval(_RELEASE, 1, lock_key, token))  # noqa: B023
-                except Exception:  # noqa: BLE001 - the lock expires by itself
-                    log.warning("Redis: could not release the import lock of %s; it expires", version)
+                _release(conn, lock_key, token)
             log.info("Redis: imported version %s of model %s", version, space.model)
             for old in _versions_to_retire(conn, space, version):
                 _retire(conn, space, old, int(grace_seconds * 1000))
@@ -284,10 +290,7 @@ def write_once(
                 result = write()
             except BaseException:
                 keeper.stop()
-                try:
-                    conn.call(f"releasing {marker}", lambda c: c.eval(_RELEASE, 1, marker, token))  # noqa: B023
-                except Exception:  # noqa: BLE001 - the claim lapses by itself
-                    log.warning("Redis: could not release the claim %s; it lapses", marker)
+                _release(conn, marker, token)
                 raise
             keeper.stop()
             mark_written(conn, marker)

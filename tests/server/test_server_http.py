@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 import tritonclient.http as triton_http
 import urllib3
 
+from benchmarks.load_tools import tree_cpu_seconds
 from recserve.proto import predict_pb2
 from recserve.wire.codec import decode_response, encode_request
 
@@ -264,8 +263,7 @@ def test_metrics_count_requests_errors_and_stages(server, demo):
         assert lines[f'recserve_stage_seconds_count{{model="default",stage="{stage}"}}'] >= 3
     assert lines['recserve_batch_size_bucket{le="8.0",model="default"}'] >= 3
     # the CPU spent serving them: some, and less than the whole server process has used
-    stat = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    process_cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    process_cpu = tree_cpu_seconds(server.process.pid)
     assert 0 < lines['recserve_request_cpu_seconds_total{model="default",route="eas"}'] < process_cpu
     assert lines['recserve_model_ready{model="default"}'] == 1.0
     assert lines['recserve_serving_version{model="default",version="1"}'] == 1.0
