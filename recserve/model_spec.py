@@ -23,6 +23,8 @@ __all__ = [
 
 COMBINERS = ("none", "sum", "mean", "sqrtn")
 KEY_DTYPES = ("int64", "string")
+KEY_HASHES = ("xxh64", "farmhash64_mod")
+KEY_HASH_TF = "farmhash64_mod"
 Combiner = Literal["none", "sum", "mean", "sqrtn"]
 
 
@@ -65,9 +67,19 @@ class EmbeddingBinding:
     combiner: Combiner = "none"
     key_dtype: Literal["int64", "string"] = "int64"
     default: DefaultSpec = field(default_factory=DefaultSpec)
+    # String keys: 0 = XXH64 (recserve's own hash); N > 0 = TensorFlow's StringToHashBucketFast
+    # into N buckets ("key_hash": "farmhash64_mod"), what a converted SavedModel's hashed
+    # columns do.
+    buckets: int = 0
+
+    @property
+    def string_buckets(self) -> int | None:
+        """None for int64 ids; else the `buckets` the string keys are hashed with."""
+        return self.buckets if self.key_dtype == "string" else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        hashing = {"key_hash": KEY_HASH_TF, "buckets": self.buckets} if self.buckets else {}
+        return hashing | {
             "input": self.input,
             "table": self.table,
             "dim": self.dim,
@@ -113,7 +125,7 @@ class ModelSpec:
         return json.dumps(self.to_json(), indent=2, sort_keys=True)
 
 
-_BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default"}
+_BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default", "key_hash", "buckets"}
 
 
 def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
@@ -138,6 +150,16 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     key_dtype = raw.get("key_dtype", "int64")
     if key_dtype not in KEY_DTYPES:
         raise ModelLoadError(f"{where}: 'key_dtype' is {key_dtype!r}; valid values are {list(KEY_DTYPES)}")
+    key_hash = raw.get("key_hash", "xxh64")
+    buckets = raw.get("buckets", 0)
+    if key_hash not in KEY_HASHES:
+        raise ModelLoadError(f"{where}: 'key_hash' is {key_hash!r}; valid values are {list(KEY_HASHES)}")
+    if key_hash == KEY_HASH_TF:
+        if key_dtype != "string" or not isinstance(buckets, int) or isinstance(buckets, bool) or buckets <= 0:
+            raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_TF!r} needs 'key_dtype' \"string\" and 'buckets' "
+                                 f"a positive integer; got key_dtype {key_dtype!r}, buckets {buckets!r}")
+    elif "buckets" in raw:
+        raise ModelLoadError(f"{where}: 'buckets' goes with 'key_hash' {KEY_HASH_TF!r}")
     graph_input = raw.get("graph_input", raw["input"])
     if not isinstance(graph_input, str):
         raise ModelLoadError(f"{where}: 'graph_input' must be a string")
@@ -149,6 +171,7 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         combiner=combiner,
         key_dtype=key_dtype,
         default=DefaultSpec.from_json(raw.get("default", "zeros"), where),
+        buckets=buckets if key_hash == KEY_HASH_TF else 0,
     )
 
 

@@ -246,7 +246,7 @@ class Servable:
         for name, sig in signatures.items():
             dense = tuple((a, spec.name) for a, spec in sig.inputs.items() if spec.binding is None)
             bindings = [(a, spec.binding) for a, spec in sig.inputs.items() if spec.binding is not None]
-            bound = tuple((a, b.graph_input, b.key_dtype == "string") for a, b in bindings)
+            bound = tuple((a, b.graph_input, b.string_buckets) for a, b in bindings)
             pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
             plans[name] = (dense, bound, plan)
@@ -353,8 +353,8 @@ class Servable:
         dense, bound, plan = self.plans[sig.name]
         feeds = {name: arrays[alias] for alias, name in dense}
         ids_list = [
-            string_keys(arrays[alias].ravel()).reshape(arrays[alias].shape) if is_string else arrays[alias]
-            for alias, _, is_string in bound
+            arrays[alias] if buckets is None else string_keys(arrays[alias].ravel(), buckets).reshape(arrays[alias].shape)
+            for alias, _, buckets in bound
         ]
         for (_, graph_input, _), out in zip(bound, plan.run(ids_list)):
             feeds[graph_input] = out

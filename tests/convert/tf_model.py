@@ -1,0 +1,163 @@
+"""Real TensorFlow for the SavedModel tests, run as a subprocess (TensorFlow's bundled
+protobuf must not share a process with the tests' other protobuf users).
+
+    python tf_model.py write OUT      a TF1 feature-column model, as DeepRec trainers write
+        them: OUT/savedmodel (SavedModelBuilder), OUT/ckpt/1 (trainer checkpoint with Adagrad
+        slots and global_step), OUT/ckpt/2 (a later full checkpoint), OUT/ckpt/2/
+        .incremental_checkpoint (DeepRec-named incremental bundle: changed rows of two tables)
+    python tf_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz [CKPT_PREFIX] [INCR.npz]
+        TensorFlow's own session.run on the SavedModel (its variables, or a checkpoint's,
+        plus incremental rows written into the variables), one batch per request
+    python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its embedding variables
+        rewritten into DeepRec Embedding Variable ops (see rewrite_to_ev)
+
+The model: `city` string hashed into 1000 buckets (dim 8, mean), `item` int64 identity in
+5000 buckets partitioned in 2 (dim 16), `tags` multi-valued strings padded with '' pooled
+by sqrtn (500 buckets, dim 8), numerics `age` and `price`, DNN 64-32-1 written by hand
+(tf.compat.v1.layers is gone under Keras 3), output `prob`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+fc = tf1.feature_column
+
+TAGS_LEN = 4
+CITY_BUCKETS, ITEM_BUCKETS, TAG_BUCKETS = 1000, 5000, 500
+WORDS = ["beijing", "hangzhou", "", "shanghai", "北京", "x" * 70, "zürich", "a", "tag-with-a-long-name-" * 4]
+
+
+def _build() -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    inputs = {
+        "city": tf1.placeholder(tf.string, [None], name="city"),
+        "item": tf1.placeholder(tf.int64, [None], name="item"),
+        "tags": tf1.placeholder(tf.string, [None, TAGS_LEN], name="tags"),
+        "age": tf1.placeholder(tf.float32, [None], name="age"),
+        "price": tf1.placeholder(tf.float32, [None], name="price"),
+    }
+    with tf1.variable_scope("item_scope", partitioner=tf1.fixed_size_partitioner(2)):
+        item = fc.input_layer(inputs, [fc.embedding_column(fc.categorical_column_with_identity("item", ITEM_BUCKETS), 16)])
+    rest = fc.input_layer(inputs, [
+        fc.embedding_column(fc.categorical_column_with_hash_bucket("city", CITY_BUCKETS), 8),
+        fc.embedding_column(fc.categorical_column_with_hash_bucket("tags", TAG_BUCKETS), 8, combiner="sqrtn"),
+        fc.numeric_column("age"), fc.numeric_column("price"),
+    ])
+    x = tf.concat([item, rest], axis=1)
+    width = int(x.shape[1])
+    for name, units in (("h1", 64), ("h2", 32), ("out", 1)):
+        kernel = tf1.get_variable(f"dnn/{name}/kernel", [width, units], initializer=tf1.glorot_uniform_initializer())
+        bias = tf1.get_variable(f"dnn/{name}/bias", [units], initializer=tf1.random_uniform_initializer(-0.1, 0.1))
+        x = tf.matmul(x, kernel) + bias
+        if name != "out":
+            x = tf.nn.relu(x)
+        width = units
+    return inputs, tf.sigmoid(tf.reshape(x, [-1]), name="prob")
+
+
+def requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Batches with known and unseen strings ('' and non-ASCII included) and ids."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        def word() -> str:
+            return WORDS[rng.integers(len(WORDS))] if rng.random() < 0.5 else f"w{rng.integers(1 << 40)}"
+        out.append({
+            "city": np.array([word() for _ in range(batch)], dtype=object),
+            "item": rng.integers(-1, ITEM_BUCKETS, batch).astype(np.int64),
+            "tags": np.array([[word() if rng.random() < 0.7 else "" for _ in range(TAGS_LEN)] for _ in range(batch)],
+                             dtype=object),
+            "age": rng.normal(30, 10, batch).astype(np.float32),
+            "price": rng.exponential(5, batch).astype(np.float32),
+        })
+    return out
+
+
+def _feed(inputs: dict[str, tf.Tensor], request: dict[str, np.ndarray]) -> dict[tf.Tensor, np.ndarray]:
+    return {inputs[k]: _tf_value(v) for k, v in request.items()}
+
+
+def _tf_value(v: np.ndarray) -> np.ndarray:
+    return np.char.encode(v.astype(str), "utf-8") if v.dtype == object else v
+
+
+def write(out: str) -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        inputs, prob = _build()
+        label = tf1.placeholder(tf.float32, [None])
+        loss = tf1.losses.log_loss(label, prob)
+        step = tf1.train.get_or_create_global_step()
+        train = tf1.train.AdagradOptimizer(0.5).minimize(loss, global_step=step)
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+
+            def train_steps(n: int, seed: int) -> None:
+                for request in requests(n, 64, seed):
+                    feed = _feed(inputs, request)
+                    feed[label] = (np.arange(64) % 2).astype(np.float32)
+                    sess.run(train, feed)
+
+            train_steps(3, 1)
+            os.makedirs(f"{out}/ckpt/1")
+            saver.save(sess, f"{out}/ckpt/1/model.ckpt", global_step=step)
+            builder = tf1.saved_model.Builder(f"{out}/savedmodel")
+            signature = tf1.saved_model.predict_signature_def(inputs=inputs, outputs={"prob": prob})
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature})
+            builder.save()
+            train_steps(3, 2)
+            os.makedirs(f"{out}/ckpt/2")
+            saver.save(sess, f"{out}/ckpt/2/model.ckpt", global_step=step)
+            # DeepRec's incremental bundle: every row changed since the full save, by row id.
+            city_var = [v for v in tf1.global_variables() if v.name.startswith("input_layer/city_embedding")][0]
+            keys = np.array([3, 77, 999], dtype=np.int64)
+            values = np.full((3, 8), 0.25, dtype=np.float32) * np.arange(1, 4, dtype=np.float32)[:, None]
+            name = city_var.op.name
+            incr = f"{out}/ckpt/2/.incremental_checkpoint"
+            os.makedirs(incr)
+            sess.run(tf1.raw_ops.SaveV2(prefix=f"{incr}/model.ckpt-{int(sess.run(step)) + 5}",
+                                        tensor_names=[f"{name}-sparse_incr_keys", f"{name}-sparse_incr_values"],
+                                        shape_and_slices=["", ""], tensors=[keys, values]))
+            np.savez(f"{out}/incr.npz", name=np.array(name), keys=keys, values=values)
+
+
+def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None, incr: str | None) -> None:
+    from tensorflow.python.saved_model import loader
+
+    with tf.Graph().as_default() as graph, tf1.Session(
+            config=tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)) as sess:
+        meta = loader.load(sess, ["serve"], savedmodel)
+        if prefix:
+            tf1.train.Saver().restore(sess, prefix)
+        if incr:
+            with np.load(incr) as d:
+                var = [v for v in tf1.global_variables() if v.op.name == str(d["name"])][0]
+                sess.run(tf1.scatter_update(var, d["keys"], d["values"]))
+        sig = meta.signature_def["serving_default"]
+        feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
+        fetch = graph.get_tensor_by_name(sig.outputs["prob"].name)
+        with np.load(requests_npz, allow_pickle=True) as data:
+            n = int(data["n"])
+            results = {}
+            for i in range(n):
+                feed = {feeds[k]: _tf_value(data[f"{i}/{k}"]) for k in feeds}
+                results[str(i)] = sess.run(fetch, feed)
+        np.savez(out_npz, **results)
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command == "write":
+        write(sys.argv[2])
+    elif command == "predict":
+        predict(sys.argv[2], sys.argv[3], sys.argv[4], *(sys.argv[5:7] + [None, None])[:2])
+    else:
+        raise SystemExit(f"unknown command {command!r}")
