@@ -26,7 +26,7 @@ from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.load_progress import LoadProgress
 from recserve.model_store.manifest import Manifest
 from recserve.model_store.memory_budget import available_memory
-from recserve.model_store.model_dir import load_model_dir
+from recserve.model_store.model_dir import graph_checkpoint, load_model_dir
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
 from recserve.model_store.versions import VersionRef
@@ -78,9 +78,9 @@ class Processor:
         if self._storage.local_path(model_dir) is None:
             # ONNX Runtime opens model files by local path: copy a remote model dir once.
             self._model_copy = model_dir = copy_to_local(self._storage, model_dir)
-            self._model = load_model_dir(LocalStorage(), model_dir)
+            self._model = load_model_dir(LocalStorage(), model_dir, self.config.signature_name or None)
         else:
-            self._model = load_model_dir(self._storage, model_dir)
+            self._model = load_model_dir(self._storage, model_dir, self.config.signature_name or None)
         self._warmup = Warmup.from_config(self.config)
         self._placed: PlacedModel | None = None
         if self.config.enable_device_placement_optimization and not self._model.spec.embeddings:
@@ -91,9 +91,7 @@ class Processor:
                 log.warning("model %r: table %r stays in the graph: %s", self.model_name, table, why)
         if self.config.checkpoint_dir is None:
             # DESIGN §4: without checkpoint_dir the graph's own values serve; nothing updates.
-            servable = self._build(
-                Checkpoint(VersionRef("graph", self.config.savedmodel_dir, 0), Manifest("full", 0, {}), {}, {})
-            )
+            servable = self._build(graph_checkpoint(self._model, self.config.savedmodel_dir))
             self._warmup.run(servable)
             self._manager.swap(servable)
             return
@@ -129,7 +127,10 @@ class Processor:
 
     @property
     def model_dir(self) -> str:
-        """The local directory the graph is read from (savedmodel_dir, or its local copy)."""
+        """The local directory the graph is read from (savedmodel_dir, its local copy, or a
+        SavedModel's conversion)."""
+        if self._model.graph_bundle is not None or self._model.root not in ("", self.config.savedmodel_dir):
+            return self._model.root
         return self._model_copy or self.config.savedmodel_dir
 
     @property

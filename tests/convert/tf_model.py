@@ -73,8 +73,8 @@ def requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
             "item": rng.integers(-1, ITEM_BUCKETS, batch).astype(np.int64),
             "tags": np.array([[word() if rng.random() < 0.7 else "" for _ in range(TAGS_LEN)] for _ in range(batch)],
                              dtype=object),
-            "age": rng.normal(30, 10, batch).astype(np.float32),
-            "price": rng.exponential(5, batch).astype(np.float32),
+            "age": rng.normal(0, 1, batch).astype(np.float32),
+            "price": rng.exponential(1, batch).astype(np.float32),
         })
     return out
 
