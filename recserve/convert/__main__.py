@@ -5,6 +5,7 @@ reason on stderr as `recserve: ...`), MISSING_EXTRA when TensorFlow or tf2onnx i
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 
 from recserve.convert.cache import MISSING_EXTRA
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             report = check_parity(args.savedmodel_dir, args.out_dir, conversion.signature, args.check)
             print(report.summary())
     except RecserveError as exc:
+        shutil.rmtree(args.out_dir, ignore_errors=True)  # a refused conversion leaves nothing to serve
         print(f"recserve: {exc.message}", file=sys.stderr)
         return 2
     for lookup in conversion.lookups:

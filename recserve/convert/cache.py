@@ -50,8 +50,9 @@ def missing_extra_message(savedmodel_dir: str) -> str:
             f"`recserve convert {savedmodel_dir} OUT_DIR` and point savedmodel_dir at OUT_DIR")
 
 
-def run_conversion(savedmodel_dir: str, out_dir: str, signature_name: str | None = None, check: int = 0) -> None:
-    """`python -m recserve.convert` in a subprocess; ModelLoadError with its message on failure."""
+def run_conversion(savedmodel_dir: str, out_dir: str, signature_name: str | None = None, check: int = 0) -> str:
+    """`python -m recserve.convert` in a subprocess: its report (stdout); ModelLoadError with
+    its message on failure."""
     argv = [sys.executable, "-m", "recserve.convert", savedmodel_dir, out_dir]
     if signature_name:
         argv += ["--signature", signature_name]
@@ -71,6 +72,7 @@ def run_conversion(savedmodel_dir: str, out_dir: str, signature_name: str | None
         lines = [line for line in done.stderr.splitlines() if line.startswith("recserve: ")]
         why = lines[-1][len("recserve: "):] if lines else (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ModelLoadError(f"converting the SavedModel {savedmodel_dir} failed: {why}")
+    return done.stdout
 
 
 def converted_model_dir(savedmodel_dir: str, signature_name: str | None = None) -> str:

@@ -24,12 +24,10 @@ from recserve.model_store.backends import copy_to_local, storage_for
 from recserve.model_store.backoff import Backoff
 from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.load_progress import LoadProgress
-from recserve.model_store.manifest import Manifest
 from recserve.model_store.memory_budget import available_memory
 from recserve.model_store.model_dir import graph_checkpoint, load_model_dir
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
-from recserve.model_store.versions import VersionRef
 from recserve.model_store.watcher import VersionWatcher
 from recserve.processor.manager import ServableManager
 from recserve.processor.servable import Servable
