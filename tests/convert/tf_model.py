@@ -8,8 +8,9 @@ protobuf must not share a process with the tests' other protobuf users).
     python tf_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz [CKPT_PREFIX] [INCR.npz]
         TensorFlow's own session.run on the SavedModel (its variables, or a checkpoint's,
         plus incremental rows written into the variables), one batch per request
-    python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its embedding variables
-        rewritten into DeepRec Embedding Variable ops (see rewrite_to_ev)
+    python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
+    python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its `city` table rewritten
+        into a DeepRec Embedding Variable (see rewrite_to_ev)
 
 The model: `city` string hashed into 1000 buckets (dim 8, mean), `item` int64 identity in
 5000 buckets partitioned in 2 (dim 16), `tags` multi-valued strings padded with '' pooled
@@ -153,11 +154,74 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
         np.savez(out_npz, **results)
 
 
+EV_TABLE = "input_layer/city_embedding/embedding_weights"
+EV_DEFAULT_DIM = 4
+
+
+def rewrite_to_ev(savedmodel: str, out: str) -> None:
+    """The SavedModel with its `city` table turned into a DeepRec Embedding Variable, as
+    DeepRec's own graphs hold one: DeepRec cannot be installed here, so its ops are written
+    into the GraphDef by hand with the inputs and attrs DeepRec-AI/DeepRec registers in
+    tensorflow/core/ops/kv_variable_ops.cc — `KvVarHandleOp` (container, shared_name, dtype,
+    shape [dim], Tkeys) and `KvResourceGather(resource, indices, default_value)`
+    (is_use_default_value_tensor, validate_indices, dtype, Tkeys, is_inference). TensorFlow
+    cannot import the result. Its variables/ hold the EV as DeepRec saves one (`-keys`,
+    `-values`, `-freqs`, `-versions`) with the even ids only; OUT/ev_missing.npz names the odd
+    ids, whose rows TensorFlow's reference run sets to the EV's default (zeros here)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(f"{savedmodel}/saved_model.pb", "rb") as f:
+        saved.ParseFromString(f.read())
+    graph = saved.meta_graphs[0].graph_def
+    default = graph.node.add()
+    default.name, default.op = f"{EV_TABLE}/default_value", "Const"
+    default.attr["dtype"].type = 1
+    default.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.zeros((EV_DEFAULT_DIM, 8), np.float32)))
+    for node in graph.node:
+        if node.name == EV_TABLE and node.op == "VarHandleOp":
+            node.op = "KvVarHandleOp"
+            del node.attr["shape"].shape.dim[0]  # shape = [dim]
+            node.attr["Tkeys"].type = 9
+            node.attr.pop("allowed_devices", None)
+            node.attr.pop("debug_name", None)
+        elif node.op == "ResourceGather" and node.input[0] == EV_TABLE:
+            node.op = "KvResourceGather"
+            node.input.append(default.name)
+            node.attr.pop("batch_dims", None)
+            node.attr["Tkeys"].type = node.attr.pop("Tindices").type
+            node.attr["is_use_default_value_tensor"].b = True
+            node.attr["validate_indices"].b = True
+            node.attr["is_inference"].b = True
+    os.makedirs(f"{out}/variables")
+    with open(f"{out}/saved_model.pb", "wb") as f:
+        f.write(saved.SerializeToString())
+    reader = tf1.train.load_checkpoint(f"{savedmodel}/variables/variables")
+    tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    rows = tensors.pop(EV_TABLE)
+    keys = np.arange(0, len(rows), 2, dtype=np.int64)
+    tensors |= {f"{EV_TABLE}-keys": keys, f"{EV_TABLE}-values": rows[keys],
+                f"{EV_TABLE}-freqs": np.ones(len(keys), np.int64), f"{EV_TABLE}-versions": np.zeros(len(keys), np.int64)}
+    names = sorted(tensors)
+    with tf1.Session() as sess:
+        sess.run(tf1.raw_ops.SaveV2(prefix=f"{out}/variables/variables", tensor_names=names,
+                                    shape_and_slices=[""] * len(names), tensors=[tensors[n] for n in names]))
+    missing = np.arange(1, len(rows), 2, dtype=np.int64)
+    np.savez(f"{out}.missing.npz", name=np.array(EV_TABLE), keys=missing, values=np.zeros((len(missing), 8), np.float32))
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "write":
         write(sys.argv[2])
+    elif command == "hash":  # IN.npz (strings, buckets) -> OUT.npz: tf.strings.to_hash_bucket_fast per bucket count
+        with np.load(sys.argv[2], allow_pickle=True) as job:
+            words, counts = list(job["strings"]), [int(b) for b in job["buckets"]]
+        with tf1.Session() as sess:
+            np.savez(sys.argv[3], **{str(b): sess.run(tf.strings.to_hash_bucket_fast(words, b)) for b in counts})
+    elif command == "evgraph":
+        rewrite_to_ev(sys.argv[2], sys.argv[3])
     elif command == "predict":
-        predict(sys.argv[2], sys.argv[3], sys.argv[4], *(sys.argv[5:7] + [None, None])[:2])
+        predict(sys.argv[2], sys.argv[3], sys.argv[4], *[a or None for a in (sys.argv[5:7] + ["", ""])[:2]])
     else:
         raise SystemExit(f"unknown command {command!r}")
