@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import requests, run_tf, tf_predict
+
 from recserve import Processor
 from recserve.convert import converted_model_dir
 from recserve.errors import ModelLoadError
@@ -186,8 +186,7 @@ def test_a_conversion_off_by_more_than_1e5_is_refused_naming_the_worst_input(tf_
     spec = json.loads((out / "model.json").read_text())
     spec["embeddings"][0]["buckets"] += 1  # a wrong hash: every string in another bucket
     (out / "model.json").write_text(json.dumps(spec))
-    child = ("import sys\nfrom recserve.convert.parity import check_parity\nfrom recserve.convert import converted_model_dir
-from recserve.errors import ModelLoadError\n"
+    child = ("import sys\nfrom recserve.convert.parity import check_parity\nfrom recserve.errors import ModelLoadError\n"
              "try:\n    check_parity(sys.argv[1], sys.argv[2], 'serving_default', 20)\n"
              "except ModelLoadError as exc:\n    print(exc.message)\n")
     done = subprocess.run([sys.executable, "-c", child, str(tf_model / "savedmodel"), str(out)], capture_output=True,

@@ -118,7 +118,7 @@ def write(out: str) -> None:
             os.makedirs(f"{out}/ckpt/2")
             saver.save(sess, f"{out}/ckpt/2/model.ckpt", global_step=step)
             # DeepRec's incremental bundle: every row changed since the full save, by row id.
-            city_var = [v for v in tf1.global_variables() if v.name.startswith("input_layer/city_embedding")][0]
+            city_var = next(v for v in tf1.global_variables() if v.name.startswith("input_layer/city_embedding"))
             keys = np.array([3, 77, 999], dtype=np.int64)
             values = np.full((3, 8), 0.25, dtype=np.float32) * np.arange(1, 4, dtype=np.float32)[:, None]
             name = city_var.op.name
@@ -140,7 +140,7 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
             tf1.train.Saver().restore(sess, prefix)
         if incr:
             with np.load(incr) as d:
-                var = [v for v in tf1.global_variables() if v.op.name == str(d["name"])][0]
+                var = next(v for v in tf1.global_variables() if v.op.name == str(d["name"]))
                 sess.run(tf1.scatter_update(var, d["keys"], d["values"]))
         sig = meta.signature_def["serving_default"]
         feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
