@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.out_dir, ignore_errors=True)  # a refused conversion leaves nothing to serve
         print(f"recserve: {exc.message}", file=sys.stderr)
         return 2
+    for warning in conversion.warnings:
+        print(f"warning: {warning}")
     for lookup in conversion.lookups:
         print(f"lookup {lookup.input!r} -> table {lookup.table!r} (dim {lookup.dim}, {lookup.combiner})")
     print(f"wrote {args.out_dir}")

@@ -10,6 +10,7 @@ The serving process never imports TensorFlow: `python -m recserve.convert` does 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -21,6 +22,8 @@ import recserve
 from recserve.errors import ModelLoadError
 
 __all__ = ["MISSING_EXTRA", "cache_root", "conversion_key", "converted_model_dir", "run_conversion"]
+
+log = logging.getLogger("recserve.convert")
 
 # The subprocess's exit status when TensorFlow or tf2onnx cannot be imported.
 MISSING_EXTRA = 3
@@ -72,6 +75,9 @@ def run_conversion(savedmodel_dir: str, out_dir: str, signature_name: str | None
         lines = [line for line in done.stderr.splitlines() if line.startswith("recserve: ")]
         why = lines[-1][len("recserve: "):] if lines else (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ModelLoadError(f"converting the SavedModel {savedmodel_dir} failed: {why}")
+    for line in done.stdout.splitlines():
+        if line.startswith("warning: "):
+            log.warning("%s: %s", savedmodel_dir, line[len("warning: "):])
     return done.stdout
 
 

@@ -33,7 +33,30 @@ class Conversion:
     spec: ModelSpec
     lookups: tuple[Lookup, ...]
     signature: str
+    warnings: tuple[str, ...] = ()
 
+
+def _ev_default_warnings(graph: ServingGraph, lookups: list[Lookup]) -> list[str]:
+    """DeepRec's EV answers a missing id with row `id % default_value_dim` of its gather's
+    default_value; recserve's tables answer zeros. Said aloud unless that matrix is zeros."""
+    from tensorflow.python.framework import tensor_util
+
+    out = []
+    for lookup in lookups:
+        if not lookup.embedding_variable:
+            continue
+        gathers = [n for n in graph.nodes.values() if n.op.startswith("KvResourceGather") and len(n.input) > 2
+                   and graph.variable_of(n.input[0]) is not None
+                   and graph.variable_of(n.input[0]).name in lookup.parts]
+        for gather in gathers:
+            default = graph.nodes.get(node_name(gather.input[2]))
+            if default is not None and default.op == "Const" and \
+                    not tensor_util.MakeNdarray(default.attr["value"].tensor).any():
+                continue
+            out.append(f"Embedding Variable {lookup.table!r}: DeepRec answers a missing id with a row of its "
+                       f"initializer ({gather.input[2]!r}, row id % default_value_dim); recserve answers zeros")
+            break
+    return out
 
 def read_signature(savedmodel_dir: str, signature_name: str | None) -> tuple[Any, str, Any]:
     """(the `serve` MetaGraphDef, the signature's name, its SignatureDef)."""
@@ -94,4 +117,4 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     source = Path(savedmodel_dir, "variables")
     if source.is_dir():
         shutil.copytree(source, Path(out_dir, "variables"))
-    return Conversion(spec, tuple(lookups), name)
+    return Conversion(spec, tuple(lookups), name, tuple(_ev_default_warnings(graph, lookups)))
