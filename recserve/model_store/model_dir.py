@@ -69,7 +69,8 @@ def load_model_dir(storage: Storage, savedmodel_dir: str, signature_name: str | 
             found = f"it contains {children}"
         else:
             found = "it is empty"
-        raise ModelLoadError(f"savedmodel_dir {savedmodel_dir} has no {MODEL_FILE}; {found}")
+        raise ModelLoadError(f"savedmodel_dir {savedmodel_dir} has no {MODEL_FILE} (recserve's format) or "
+                             f"{SAVED_MODEL_FILE} (a TensorFlow SavedModel); {found}")
     spec_path = join(savedmodel_dir, SPEC_FILE)
     if storage.size(spec_path) is not None:
         spec = parse_model_spec(storage.read(spec_path), source=spec_path)
