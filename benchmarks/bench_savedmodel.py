@@ -40,7 +40,7 @@ NOTES = __doc__.split("\n\n", 1)[1].replace("\n", " ") + (
 
 def _requests(root: Path) -> dict[int, list[dict[str, np.ndarray]]]:
     sys.path.insert(0, str(MODEL_WRITER.parent))
-    from tf_model import requests
+    from model_requests import requests
 
     return {b: requests(8, b, seed=b) for b in BATCHES}
 

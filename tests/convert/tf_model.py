@@ -30,9 +30,7 @@ tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 fc = tf1.feature_column
 
-TAGS_LEN = 4
-CITY_BUCKETS, ITEM_BUCKETS, TAG_BUCKETS = 1000, 5000, 500
-WORDS = ["beijing", "hangzhou", "", "shanghai", "北京", "x" * 70, "zürich", "a", "tag-with-a-long-name-" * 4]
+from model_requests import CITY_BUCKETS, ITEM_BUCKETS, TAG_BUCKETS, TAGS_LEN, requests
 
 
 def _build() -> tuple[dict[str, tf.Tensor], tf.Tensor]:
@@ -60,24 +58,6 @@ def _build() -> tuple[dict[str, tf.Tensor], tf.Tensor]:
             x = tf.nn.relu(x)
         width = units
     return inputs, tf.sigmoid(tf.reshape(x, [-1]), name="prob")
-
-
-def requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
-    """Batches with known and unseen strings ('' and non-ASCII included) and ids."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        def word() -> str:
-            return WORDS[rng.integers(len(WORDS))] if rng.random() < 0.5 else f"w{rng.integers(1 << 40)}"
-        out.append({
-            "city": np.array([word() for _ in range(batch)], dtype=object),
-            "item": rng.integers(-1, ITEM_BUCKETS, batch).astype(np.int64),
-            "tags": np.array([[word() if rng.random() < 0.7 else "" for _ in range(TAGS_LEN)] for _ in range(batch)],
-                             dtype=object),
-            "age": rng.normal(0, 1, batch).astype(np.float32),
-            "price": rng.exponential(1, batch).astype(np.float32),
-        })
-    return out
 
 
 def _feed(inputs: dict[str, tf.Tensor], request: dict[str, np.ndarray]) -> dict[tf.Tensor, np.ndarray]:

@@ -1,0 +1,28 @@
+"""The requests of tf_model.py's model, without TensorFlow (the tests import this; TensorFlow
+only ever runs in tf_model.py's own processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+TAGS_LEN = 4
+CITY_BUCKETS, ITEM_BUCKETS, TAG_BUCKETS = 1000, 5000, 500
+WORDS = ["beijing", "hangzhou", "", "shanghai", "北京", "x" * 70, "zürich", "a", "tag-with-a-long-name-" * 4]
+
+
+def requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Batches with known and unseen strings ('' and non-ASCII included) and ids."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        def word() -> str:
+            return WORDS[rng.integers(len(WORDS))] if rng.random() < 0.5 else f"w{rng.integers(1 << 40)}"
+        out.append({
+            "city": np.array([word() for _ in range(batch)], dtype=object),
+            "item": rng.integers(-1, ITEM_BUCKETS, batch).astype(np.int64),
+            "tags": np.array([[word() if rng.random() < 0.7 else "" for _ in range(TAGS_LEN)] for _ in range(batch)],
+                             dtype=object),
+            "age": rng.normal(0, 1, batch).astype(np.float32),
+            "price": rng.exponential(1, batch).astype(np.float32),
+        })
+    return out
