@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
-
 from conftest import requests, tf_predict
+
 from recserve.convert import converted_model_dir
 from recserve.proto import eas_service_pb2_grpc, predict_pb2
 from recserve.wire.codec import decode_response, encode_request
