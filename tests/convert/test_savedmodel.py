@@ -199,17 +199,18 @@ def test_a_conversion_off_by_more_than_1e5_is_refused_naming_the_worst_input(tf_
 def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tmp_path):
     """DeepRec cannot be installed here: tf_model.rewrite_to_ev writes DeepRec's EV ops into the
     GraphDef by hand (KvVarHandleOp + KvResourceGather with the attrs of DeepRec's op
-    registry) and saves the EV as DeepRec does (-keys/-values, even ids only). TensorFlow
-    cannot run that graph; the reference is the original graph with the EV's missing ids'
-    rows set to its default_value (zeros)."""
+    registry; `city` an EV, `item` an EV partitioned in 2) and saves the EVs as DeepRec does
+    (-keys/-values, city's even ids only). TensorFlow cannot run that graph; the reference is
+    the original graph with the EV's missing ids' rows set to its default_value (zeros)."""
     ev_dir = tmp_path / "ev"
     run_tf("evgraph", str(tf_model / "savedmodel"), str(ev_dir))
     batches = requests(40, 8, 41)
     want = tf_predict(tf_model / "savedmodel", batches, tmp_path, rows=Path(f"{ev_dir}.missing.npz"))
     processor = Processor({"savedmodel_dir": str(ev_dir), "model_store_type": "local"})
     try:
-        table = processor._manager.current.tables["input_layer/city_embedding/embedding_weights"]
-        assert table.dim == 8
+        tables = processor._manager.current.tables
+        assert {name: t.dim for name, t in tables.items()} == {name: dim for name, (_, dim) in TABLES.items()}
+        assert len(tables["input_layer/city_embedding/embedding_weights"]) == 500  # the EV's even ids
         assert _worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()

@@ -10,7 +10,7 @@ protobuf must not share a process with the tests' other protobuf users).
         plus incremental rows written into the variables), one batch per request
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its `city` table rewritten
-        into a DeepRec Embedding Variable (see rewrite_to_ev)
+        into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
 
 The model: `city` string hashed into 1000 buckets (dim 8, mean), `item` int64 identity in
 5000 buckets partitioned in 2 (dim 16), `tags` multi-valued strings padded with '' pooled
@@ -135,37 +135,25 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
 
 
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
+EV_PARTITIONED = "item_scope/input_layer/item_embedding/embedding_weights"
 EV_DEFAULT_DIM = 4
 
 
-def rewrite_to_ev(savedmodel: str, out: str) -> None:
-    """The SavedModel with its `city` table turned into a DeepRec Embedding Variable, as
-    DeepRec's own graphs hold one: DeepRec cannot be installed here, so its ops are written
-    into the GraphDef by hand with the inputs and attrs DeepRec-AI/DeepRec registers in
-    tensorflow/core/ops/kv_variable_ops.cc — `KvVarHandleOp` (container, shared_name, dtype,
-    shape [dim], Tkeys) and `KvResourceGather(resource, indices, default_value)`
-    (is_use_default_value_tensor, validate_indices, dtype, Tkeys, is_inference). TensorFlow
-    cannot import the result. Its variables/ hold the EV as DeepRec saves one (`-keys`,
-    `-values`, `-freqs`, `-versions`) with the even ids only; OUT/ev_missing.npz names the odd
-    ids, whose rows TensorFlow's reference run sets to the EV's default (zeros here)."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    saved = saved_model_pb2.SavedModel()
-    with open(f"{savedmodel}/saved_model.pb", "rb") as f:
-        saved.ParseFromString(f.read())
-    graph = saved.meta_graphs[0].graph_def
-    default = graph.node.add()
-    default.name, default.op = f"{EV_TABLE}/default_value", "Const"
+def _to_kv_ops(graph: object, variable: str, dim: int) -> None:
+    """`variable`'s VarHandleOp -> KvVarHandleOp and its ResourceGathers -> KvResourceGather
+    with a zeros default_value [EV_DEFAULT_DIM, dim]."""
+    default = graph.node.add()  # type: ignore[attr-defined]
+    default.name, default.op = f"{variable}/default_value", "Const"
     default.attr["dtype"].type = 1
-    default.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.zeros((EV_DEFAULT_DIM, 8), np.float32)))
-    for node in graph.node:
-        if node.name == EV_TABLE and node.op == "VarHandleOp":
+    default.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.zeros((EV_DEFAULT_DIM, dim), np.float32)))
+    for node in graph.node:  # type: ignore[attr-defined]
+        if node.name == variable and node.op == "VarHandleOp":
             node.op = "KvVarHandleOp"
             del node.attr["shape"].shape.dim[0]  # shape = [dim]
             node.attr["Tkeys"].type = 9
             node.attr.pop("allowed_devices", None)
             node.attr.pop("debug_name", None)
-        elif node.op == "ResourceGather" and node.input[0] == EV_TABLE:
+        elif node.op == "ResourceGather" and node.input[0] == variable:
             node.op = "KvResourceGather"
             node.input.append(default.name)
             node.attr.pop("batch_dims", None)
@@ -173,6 +161,34 @@ def rewrite_to_ev(savedmodel: str, out: str) -> None:
             node.attr["is_use_default_value_tensor"].b = True
             node.attr["validate_indices"].b = True
             node.attr["is_inference"].b = True
+
+
+def _ev_tensors(name: str, keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
+    return {f"{name}-keys": keys, f"{name}-values": values, f"{name}-freqs": np.ones(len(keys), np.int64),
+            f"{name}-versions": np.zeros(len(keys), np.int64)}
+
+
+def rewrite_to_ev(savedmodel: str, out: str) -> None:
+    """The SavedModel with its `city` table turned into a DeepRec Embedding Variable and its
+    `item` table (partitioned in 2) into a partitioned EV, as DeepRec's own graphs hold them:
+    DeepRec cannot be installed here, so its ops are written into the GraphDef by hand with
+    the inputs and attrs DeepRec-AI/DeepRec registers in tensorflow/core/ops/kv_variable_ops.cc
+    — `KvVarHandleOp` (container, shared_name, dtype, shape [dim], Tkeys) and
+    `KvResourceGather(resource, indices, default_value)` (is_use_default_value_tensor,
+    validate_indices, dtype, Tkeys, is_inference). TensorFlow cannot import the result. Its
+    variables/ hold the EVs as DeepRec saves them (`-keys`, `-values`, `-freqs`, `-versions`;
+    `E/part_<k>-...` per partition, keys the global ids): `city` with its even ids only,
+    OUT.missing.npz naming the odd ones, whose rows TensorFlow's reference run sets to the
+    EV's default (zeros here)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(f"{savedmodel}/saved_model.pb", "rb") as f:
+        saved.ParseFromString(f.read())
+    graph = saved.meta_graphs[0].graph_def
+    _to_kv_ops(graph, EV_TABLE, 8)
+    for part in (0, 1):
+        _to_kv_ops(graph, f"{EV_PARTITIONED}/part_{part}", 16)
     os.makedirs(f"{out}/variables")
     with open(f"{out}/saved_model.pb", "wb") as f:
         f.write(saved.SerializeToString())
@@ -180,8 +196,12 @@ def rewrite_to_ev(savedmodel: str, out: str) -> None:
     tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
     rows = tensors.pop(EV_TABLE)
     keys = np.arange(0, len(rows), 2, dtype=np.int64)
-    tensors |= {f"{EV_TABLE}-keys": keys, f"{EV_TABLE}-values": rows[keys],
-                f"{EV_TABLE}-freqs": np.ones(len(keys), np.int64), f"{EV_TABLE}-versions": np.zeros(len(keys), np.int64)}
+    tensors |= _ev_tensors(EV_TABLE, keys, rows[keys])
+    items = tensors.pop(EV_PARTITIONED)
+    half = len(items) // 2
+    for part, ids in enumerate((np.arange(half), np.arange(half, len(items)))):
+        shuffled = np.random.default_rng(part).permutation(ids).astype(np.int64)  # an EV's keys have no order
+        tensors |= _ev_tensors(f"{EV_PARTITIONED}/part_{part}", shuffled, items[shuffled])
     names = sorted(tensors)
     with tf1.Session() as sess:
         sess.run(tf1.raw_ops.SaveV2(prefix=f"{out}/variables/variables", tensor_names=names,
