@@ -108,7 +108,8 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     spec = ModelSpec(
         embeddings=tuple(EmbeddingBinding(
             input=lk.input, table=lk.table, dim=lk.dim, graph_input=lookup_input(lk), combiner=lk.combiner,
-            key_dtype=lk.key_dtype, buckets=lk.buckets) for lk in lookups),  # type: ignore[arg-type]
+            key_dtype=lk.key_dtype, buckets=lk.buckets, vocabulary=lk.vocabulary)  # type: ignore[arg-type]
+            for lk in lookups),
         signatures={name: SignatureSpec(
             inputs={key: node_name(t) for key, t in inputs.items() if node_name(t) in bound or t in dense_inputs},
             outputs={key: output_name(t) for key, t in outputs.items()})},

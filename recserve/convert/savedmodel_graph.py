@@ -39,8 +39,7 @@ STITCH_OPS = frozenset({"ParallelDynamicStitch", "DynamicStitch"})
 _READS = frozenset({"Identity", "ReadVariableOp"})
 # Ops on an ids path recserve cannot reproduce yet: refused by name rather than served wrong.
 _UNSUPPORTED_ID_OPS = {
-    "LookupTableFindV2": "a vocabulary lookup (categorical_column_with_vocabulary_*)",
-    "LookupTableFind": "a vocabulary lookup (categorical_column_with_vocabulary_*)",
+    "LookupTableFind": "a TF1 v1 lookup table (LookupTableFind)",
     "StringToHashBucketStrong": "keyed hashing (StringToHashBucketStrong)",
     "StringToHashBucket": "the legacy StringToHashBucket hash",
     "AsString": "ids hashed as strings (categorical_column_with_hash_bucket on integers)",
@@ -72,6 +71,7 @@ class Lookup:
     buckets: int               # StringToHashBucketFast's num_buckets; 0: the ids are the keys
     cut: str                   # the tensor the rest of the graph reads ('node:k')
     embedding_variable: bool   # a DeepRec Embedding Variable (keys are ids, rows from -keys/-values)
+    vocabulary: tuple[str, ...] = ()  # a vocabulary column's list: a string's id is its index
 
 
 class ServingGraph:
@@ -210,7 +210,15 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any]) -> list[L
                                      "which recserve does not convert yet")
         buckets = [op.attr["num_buckets"].i for op in path if op.op == "StringToHashBucketFast"]
         is_string = placeholders[ids[0]].dtype == 7  # DT_STRING
-        if is_string and len(buckets) != 1:
+        finds = [op for op in path if op.op == "LookupTableFindV2"]
+        vocabulary: tuple[str, ...] = ()
+        if finds:
+            if len(finds) != 1 or buckets or not is_string:
+                raise ModelLoadError(f"the lookup of {table!r} combines a vocabulary with other id mappings "
+                                     "(num_oov_buckets, integer vocabularies); recserve converts string vocabulary "
+                                     "lists with default_value -1")
+            vocabulary = _vocabulary(graph, finds[0], table)
+        elif is_string and len(buckets) != 1:
             raise ModelLoadError(f"the lookup of {table!r} turns strings into ids by {sorted({o.op for o in path})}; "
                                  "recserve converts StringToHashBucketFast")
         ev = variables[0].op in EV_OPS
@@ -226,12 +234,46 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any]) -> list[L
         lookups.append(Lookup(
             input=ids[0], table=table, parts=tuple(v.name for v in _in_part_order(variables)), dim=dim, rows=rows,
             combiner=combiner, key_dtype="string" if is_string else "int64", buckets=buckets[0] if buckets else 0,
-            cut=_cut(graph, start, allowed, table), embedding_variable=ev))
+            cut=_cut(graph, start, allowed, table), embedding_variable=ev, vocabulary=vocabulary))
     inputs = [lk.input for lk in lookups]
     twice = sorted({i for i in inputs if inputs.count(i) > 1})
     if twice:
         raise ModelLoadError(f"input(s) {twice} feed more than one lookup; recserve binds an input to one table")
     return lookups
+
+
+def _const(graph: ServingGraph, ref: str) -> Any | None:
+    node = graph.nodes.get(node_name(ref))
+    while node is not None and node.op == "Identity":
+        node = graph.nodes.get(node_name(node.input[0]))
+    return node.attr["value"].tensor if node is not None and node.op == "Const" else None
+
+
+def _vocabulary(graph: ServingGraph, find: Any, table: str) -> tuple[str, ...]:
+    """The keys of the HashTableV2 `find` reads, in id order (what index_table_from_tensor
+    builds: keys -> range(len(keys)), default -1)."""
+    default = _const(graph, find.input[2])
+    if default is None or list(default.int64_val) != [-1]:
+        raise ModelLoadError(f"the vocabulary of {table!r} maps unknown strings to a default id other than -1; "
+                             "recserve converts default_value -1 (unknown strings dropped)")
+    handle = node_name(find.input[0])
+    while graph.nodes[handle].op == "Identity":
+        handle = node_name(graph.nodes[handle].input[0])
+    inits = [n for n in graph.nodes.values() if n.input and node_name(n.input[0]) == handle
+             and n.op in ("InitializeTableV2", "LookupTableImportV2", "InitializeTableFromTextFileV2")]
+    if len(inits) != 1 or inits[0].op == "InitializeTableFromTextFileV2":
+        raise ModelLoadError(f"the vocabulary of {table!r} is initialized by {[n.op for n in inits]}; recserve "
+                             "converts vocabulary lists (InitializeTableV2 from constants), not files, so far")
+    keys = _const(graph, inits[0].input[1])
+    if keys is None or not keys.string_val:
+        raise ModelLoadError(f"the vocabulary of {table!r} has keys that are not constant strings")
+    values = graph.nodes.get(node_name(inits[0].input[2]))
+    ranged = values is not None and values.op in ("Range", "Cast") or (
+        values is not None and values.op == "Const" and list(_const(graph, values.name).int64_val)
+        == list(range(len(keys.string_val))))
+    if not ranged:
+        raise ModelLoadError(f"the vocabulary of {table!r} maps its keys to ids other than their positions")
+    return tuple(k.decode("utf-8") for k in keys.string_val)
 
 
 def _in_part_order(variables: list[Any]) -> list[Any]:

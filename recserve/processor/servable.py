@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from recserve.config import ProcessorConfig
-from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, string_keys, tier_spec
+from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, StringKeys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import CorruptVersionError, ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
@@ -246,7 +246,8 @@ class Servable:
         for name, sig in signatures.items():
             dense = tuple((a, spec.name) for a, spec in sig.inputs.items() if spec.binding is None)
             bindings = [(a, spec.binding) for a, spec in sig.inputs.items() if spec.binding is not None]
-            bound = tuple((a, b.graph_input, b.string_buckets) for a, b in bindings)
+            bound = tuple((a, b.graph_input, StringKeys(b.buckets, b.vocabulary) if b.key_dtype == "string" else None)
+                          for a, b in bindings)
             pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
             plans[name] = (dense, bound, plan)
@@ -353,8 +354,7 @@ class Servable:
         dense, bound, plan = self.plans[sig.name]
         feeds = {name: arrays[alias] for alias, name in dense}
         ids_list = [
-            arrays[alias] if buckets is None else string_keys(arrays[alias].ravel(), buckets).reshape(arrays[alias].shape)
-            for alias, _, buckets in bound
+            arrays[alias] if keys is None else keys.keys(arrays[alias]) for alias, _, keys in bound
         ]
         for (_, graph_input, _), out in zip(bound, plan.run(ids_list)):
             feeds[graph_input] = out

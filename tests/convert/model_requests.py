@@ -26,3 +26,20 @@ def requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
             "price": rng.exponential(1, batch).astype(np.float32),
         })
     return out
+
+
+COLORS = ["red", "green", "blue", "北京"]
+VOCAB = [f"word{i}" for i in range(50)]
+
+
+def vocab_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's vocabulary model: known, unknown and '' strings."""
+    rng = np.random.default_rng(seed)
+
+    def pick(words: list[str]) -> str:
+        roll = rng.random()
+        return words[rng.integers(len(words))] if roll < 0.6 else "" if roll < 0.75 else f"unknown{rng.integers(99)}"
+
+    return [{"color": np.array([pick(COLORS) for _ in range(batch)], dtype=object),
+             "words": np.array([[pick(VOCAB) for _ in range(3)] for _ in range(batch)], dtype=object),
+             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]

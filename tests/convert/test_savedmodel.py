@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import requests, run_tf, tf_predict
+from model_requests import vocab_requests
 
 from recserve import Processor
 from recserve.convert import converted_model_dir
@@ -211,6 +212,22 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
         tables = processor._manager.current.tables
         assert {name: t.dim for name, t in tables.items()} == {name: dim for name, (_, dim) in TABLES.items()}
         assert len(tables["input_layer/city_embedding/embedding_weights"]) == 500  # the EV's even ids
+        assert _worst(processor, batches, want) <= TOLERANCE
+    finally:
+        processor.close()
+
+
+def test_vocabulary_list_columns_are_converted(tmp_path):
+    """categorical_column_with_vocabulary_list (HashTableV2 + LookupTableFindV2): a string's id
+    is its index; unknown strings are dropped like '' (TF prunes their -1), so a mean over
+    [known, unknown] is the known row alone."""
+    savedmodel = tmp_path / "vocab"
+    run_tf("vocab", str(savedmodel))
+    batches = vocab_requests(100, 1, 61) + vocab_requests(60, 8, 62)
+    want = tf_predict(savedmodel, batches, tmp_path)
+    processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local"})
+    try:
+        assert {b.input: len(b.vocabulary) for b in processor._model.spec.embeddings} == {"color": 4, "words": 50}
         assert _worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()

@@ -8,6 +8,7 @@ protobuf must not share a process with the tests' other protobuf users).
     python tf_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz [CKPT_PREFIX] [INCR.npz]
         TensorFlow's own session.run on the SavedModel (its variables, or a checkpoint's,
         plus incremental rows written into the variables), one batch per request
+    python tf_model.py vocab OUT     a SavedModel with vocabulary-list columns (write_vocab)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its `city` table rewritten
         into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
@@ -134,6 +135,33 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
         np.savez(out_npz, **results)
 
 
+def write_vocab(out: str) -> None:
+    """A SavedModel with vocabulary-list columns: `color` (single string, dim 4) and `words`
+    (3 strings per sample, '' padded, mean: unknown words are dropped, not averaged in),
+    numeric `x`, one hand-written dense layer; output `prob`."""
+    from model_requests import COLORS, VOCAB
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(3)
+        inputs = {"color": tf1.placeholder(tf.string, [None], name="color"),
+                  "words": tf1.placeholder(tf.string, [None, 3], name="words"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        x = fc.input_layer(inputs, [
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("color", COLORS), 4),
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("words", VOCAB), 6, combiner="mean"),
+            fc.numeric_column("x")])
+        kernel = tf1.get_variable("dense/kernel", [11, 1], initializer=tf1.glorot_uniform_initializer())
+        prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
+        with tf1.Session() as sess:
+            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
+            builder = tf1.saved_model.Builder(out)
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], main_op=tf1.tables_initializer(),
+                signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
+            builder.save()
+
+
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
 EV_PARTITIONED = "item_scope/input_layer/item_embedding/embedding_weights"
 EV_DEFAULT_DIM = 4
@@ -214,6 +242,8 @@ if __name__ == "__main__":
     command = sys.argv[1]
     if command == "write":
         write(sys.argv[2])
+    elif command == "vocab":
+        write_vocab(sys.argv[2])
     elif command == "hash":  # IN.npz (strings, buckets) -> OUT.npz: tf.strings.to_hash_bucket_fast per bucket count
         with np.load(sys.argv[2], allow_pickle=True) as job:
             words, counts = list(job["strings"]), [int(b) for b in job["buckets"]]
