@@ -4,7 +4,9 @@ The cache key is sha256 over recserve's version, the signature name and every fi
 SavedModel dir (relative path and bytes): the same model converts once per host. The
 cache lives in `$RECSERVE_CACHE_DIR` (default `~/.cache/recserve`), under `savedmodels/<key>`;
 a conversion is written beside it and renamed into place, so a reader never sees half of one.
-The serving process never imports TensorFlow: `python -m recserve.convert` does the work.
+The serving process never imports TensorFlow: `python -m recserve.convert` does the work,
+and checks it against TensorFlow on LOAD_CHECK_REQUESTS synthesized requests (refused above
+1e-5, naming the worst one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ __all__ = ["MISSING_EXTRA", "cache_root", "conversion_key", "converted_model_dir
 
 log = logging.getLogger("recserve.convert")
 
+# Requests a conversion at load is checked on against TensorFlow (which is there: it converted).
+LOAD_CHECK_REQUESTS = 50
 # The subprocess's exit status when TensorFlow or tf2onnx cannot be imported.
 MISSING_EXTRA = 3
 _TIMEOUT_S = 1800.0
@@ -89,7 +93,10 @@ def converted_model_dir(savedmodel_dir: str, signature_name: str | None = None) 
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name[:16]}-", dir=target.parent))
     try:
-        run_conversion(savedmodel_dir, str(stage / "model"), signature_name)
+        report = run_conversion(savedmodel_dir, str(stage / "model"), signature_name, LOAD_CHECK_REQUESTS)
+        for line in report.splitlines():
+            if line.startswith("parity: "):
+                log.info("%s: %s", savedmodel_dir, line)
         try:
             os.rename(stage / "model", target)
         except OSError:

@@ -94,7 +94,8 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     outputs = {key: info.name for key, info in sig.outputs.items()}
     graph = ServingGraph(meta.graph_def, inputs.values(), outputs.values())
     placeholders = {node_name(info.name): info for info in sig.inputs.values()}
-    lookups = find_lookups(graph, placeholders)
+    warnings: list[str] = []
+    lookups = find_lookups(graph, placeholders, warnings)
     variables = os.path.join(savedmodel_dir, VARIABLES)
     dense, holds = dense_graph(meta.graph_def, lookups, list(outputs.values()), variables)
     kept = {n.name for n in dense.node}
@@ -118,4 +119,4 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     source = Path(savedmodel_dir, "variables")
     if source.is_dir():
         shutil.copytree(source, Path(out_dir, "variables"))
-    return Conversion(spec, tuple(lookups), name, tuple(_ev_default_warnings(graph, lookups)))
+    return Conversion(spec, tuple(lookups), name, tuple(warnings + _ev_default_warnings(graph, lookups)))

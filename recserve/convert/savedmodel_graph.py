@@ -174,9 +174,12 @@ def _id_path_ops(graph: ServingGraph, start: Any, ids: str) -> list[Any]:
             if n != ids and ids in graph.sources(n) and not graph.variable_of(n)]
 
 
-def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any]) -> list[Lookup]:
+def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
+                 warnings: list[str] | None = None) -> list[Lookup]:
     """Every embedding lookup the signature's outputs depend on. `placeholders`: the
-    signature's input node names -> their TensorInfo (dtype)."""
+    signature's input node names -> their TensorInfo (dtype). What recserve serves
+    differently from TensorFlow on some inputs is appended to `warnings`."""
+    warnings = [] if warnings is None else warnings
     groups: dict[str, list[tuple[Any, Any]]] = {}   # pooling / stitch / gather node -> (gather, variable)
     for name in sorted(graph.needed):
         node = graph.nodes[name]
@@ -221,6 +224,9 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any]) -> list[L
         elif is_string and len(buckets) != 1:
             raise ModelLoadError(f"the lookup of {table!r} turns strings into ids by {sorted({o.op for o in path})}; "
                                  "recserve converts StringToHashBucketFast")
+        if any(op.op == "LogicalAnd" for op in path) and any(op.op in ("Select", "SelectV2") for op in path):
+            warnings.append(f"the lookup of {table!r} replaces ids outside its range by a default id "
+                            "(categorical_column_with_identity's default_value); recserve answers zeros for them")
         ev = variables[0].op in EV_OPS
         if len(variables) > 1 and not ev and any(op.op == "DynamicPartition" for op in path) \
                 and not any(op.op == "Maximum" for op in path):
