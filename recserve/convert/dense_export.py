@@ -32,12 +32,13 @@ def lookup_input(lookup: Lookup) -> str:
     return f"{lookup.table}/lookup:{lookup.input}"
 
 
-def _placeholder(graph_def: Any, name: str, dim: int) -> Any:
+def _placeholder(graph_def: Any, name: str, dim: int, rank: int) -> Any:
     node = graph_def.node.add()
     node.name, node.op = name, "Placeholder"
     node.attr["dtype"].type = _DT_FLOAT
     shape = node.attr["shape"].shape
-    shape.dim.add().size = -1
+    for _ in range(rank - 1):
+        shape.dim.add().size = -1
     shape.dim.add().size = dim
     return node
 
@@ -52,7 +53,7 @@ def dense_graph(graph_def: Any, lookups: Sequence[Lookup], outputs: Sequence[str
     for node in out.node:
         node.input[:] = [cuts.get(tensor_name(ref), ref) for ref in node.input if not ref.startswith("^")]
     for lk in lookups:
-        _placeholder(out, _placeholder_name(lk), lk.dim)
+        _placeholder(out, _placeholder_name(lk), lk.dim, lk.rank)
     by_name = {n.name: n for n in out.node}
     keep: set[str] = set()
     stack = [node_name(o) for o in outputs]

@@ -38,20 +38,21 @@ class ParityReport:
         return f"parity: {self.requests} requests, max |TensorFlow - recserve| = {self.max_diff:.3g}"
 
 
-def _value(dtype: int, shape: tuple[int, ...], rows: int | None, rng: np.random.Generator) -> np.ndarray:
+def _value(dtype: int, shape: tuple[int, ...], rows: tuple[int | None, int], rng: np.random.Generator) -> np.ndarray:
     if dtype == _DT_STRING:
         words = [_WORDS[rng.integers(len(_WORDS))] if rng.random() < 0.6 else f"unseen-{rng.integers(1 << 40)}"
                  for _ in range(int(np.prod(shape)))]
         return np.array(words, dtype=object).reshape(shape)
     if dtype in (_DT_INT64, _DT_INT32):
-        high = rows if rows else 1 << 20
-        return rng.integers(-1, high, shape).astype(np.int64 if dtype == _DT_INT64 else np.int32)
+        high, low = rows
+        return rng.integers(low, high or 1 << 20, shape).astype(np.int64 if dtype == _DT_INT64 else np.int32)
     return rng.normal(0, 1, shape).astype(np.float64 if dtype == _DT_DOUBLE else np.float32)
 
 
-def synthesize_requests(signature: Any, rows: Mapping[str, int | None], n: int, seed: int = 0
+def synthesize_requests(signature: Any, rows: Mapping[str, tuple[int | None, int]], n: int, seed: int = 0
                         ) -> list[dict[str, np.ndarray]]:
-    """`n` requests for a SignatureDef: batch 1 to 16, free dims 1 to 4."""
+    """`n` requests for a SignatureDef: batch 1 to 16, free dims 1 to 4. `rows`: input ->
+    (the table's rows or None, the lowest id: -1 where it is padding, else 0)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -61,7 +62,7 @@ def synthesize_requests(signature: Any, rows: Mapping[str, int | None], n: int, 
             dims = [d.size for d in info.tensor_shape.dim]
             shape = tuple(batch if i == 0 and d < 0 else (int(rng.integers(1, 5)) if d < 0 else d)
                           for i, d in enumerate(dims))
-            request[key] = _value(info.dtype, shape, rows.get(info.name.split(":")[0]), rng)
+            request[key] = _value(info.dtype, shape, rows.get(info.name.split(":")[0], (None, 0)), rng)
         out.append(request)
     return out
 
@@ -94,14 +95,21 @@ def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n
                                "signature_name": signature_name})
         try:
             lookups = {b.input: b for b in processor._model.spec.embeddings}
-            table_rows = {name: _rows(b.table, rows) for name, b in lookups.items()}
+            # -1 is padding where the lookup pools (feature columns drop it); a plain gather rejects it.
+            table_rows = {name: (_rows(b.table, rows), -1 if b.combiner != "none" else 0)
+                          for name, b in lookups.items()}
             requests = synthesize_requests(sig, table_rows, n)
             keys = sorted(sig.outputs)
             fetches = [graph.get_tensor_by_name(sig.outputs[k].name) for k in keys]
             feeds = {k: graph.get_tensor_by_name(info.name) for k, info in sig.inputs.items()}
             worst, worst_request = 0.0, {}
             for request in requests:
-                want = sess.run(fetches, {feeds[k]: v for k, v in _tf_inputs(request).items()})
+                try:
+                    want = sess.run(fetches, {feeds[k]: v for k, v in _tf_inputs(request).items()})
+                except tf.errors.OpError as exc:
+                    shown = {k: v.tolist() for k, v in request.items()}
+                    raise ModelLoadError(f"TensorFlow could not run a synthesized request ({exc.message.splitlines()[0]});"
+                                         f" the request: {shown}") from exc
                 got = processor.predict(request, keys)
                 diff = max(float(np.max(np.abs(np.asarray(got[k], np.float64) - np.asarray(w, np.float64)),
                                         initial=0.0)) for k, w in zip(keys, want))

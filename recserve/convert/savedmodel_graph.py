@@ -72,6 +72,7 @@ class Lookup:
     cut: str                   # the tensor the rest of the graph reads ('node:k')
     embedding_variable: bool   # a DeepRec Embedding Variable (keys are ids, rows from -keys/-values)
     vocabulary: tuple[str, ...] = ()  # a vocabulary column's list: a string's id is its index
+    rank: int = 2              # of the cut tensor: [batch, dim] pooled, ids' rank + 1 unpooled
 
 
 class ServingGraph:
@@ -147,6 +148,20 @@ def _forward(graph: ServingGraph, start: Any, allowed: frozenset[str], limit: in
                     following.append(consumer)
         frontier = following
     return None
+
+
+_RESHAPES = frozenset({"Identity", "Reshape"})
+
+
+def _unpooled_cut(graph: ServingGraph, start: Any, allowed: frozenset[str]) -> str:
+    """A lookup without pooling is cut right after its gather (or stitch), past reshapes
+    only: whatever else follows (a mean over a sequence, ...) stays in the dense graph."""
+    node = start
+    while True:
+        following = [c for c in graph.consumers.get(node.name, []) if c.name in graph.needed]
+        if len(following) != 1 or following[0].op not in _RESHAPES or not graph.sources(following[0].name) <= allowed:
+            return tensor_name(node.name)
+        node = following[0]
 
 
 def _cut(graph: ServingGraph, start: Any, allowed: frozenset[str], table: str) -> str:
@@ -240,12 +255,20 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         lookups.append(Lookup(
             input=ids[0], table=table, parts=tuple(v.name for v in _in_part_order(variables)), dim=dim, rows=rows,
             combiner=combiner, key_dtype="string" if is_string else "int64", buckets=buckets[0] if buckets else 0,
-            cut=_cut(graph, start, allowed, table), embedding_variable=ev, vocabulary=vocabulary))
+            cut=_cut(graph, start, allowed, table) if combiner != "none" else _unpooled_cut(graph, start, allowed),
+            embedding_variable=ev, vocabulary=vocabulary, rank=_rank(placeholders[ids[0]]) + 1
+            if combiner == "none" else 2))
     inputs = [lk.input for lk in lookups]
     twice = sorted({i for i in inputs if inputs.count(i) > 1})
     if twice:
         raise ModelLoadError(f"input(s) {twice} feed more than one lookup; recserve binds an input to one table")
     return lookups
+
+
+def _rank(info: Any) -> int:
+    if info.tensor_shape.unknown_rank:
+        raise ModelLoadError(f"input {info.name!r} has no known rank; recserve needs it for an unpooled lookup")
+    return len(info.tensor_shape.dim)
 
 
 def _const(graph: ServingGraph, ref: str) -> Any | None:

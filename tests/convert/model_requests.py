@@ -42,4 +42,5 @@ def vocab_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]
 
     return [{"color": np.array([pick(COLORS) for _ in range(batch)], dtype=object),
              "words": np.array([[pick(VOCAB) for _ in range(3)] for _ in range(batch)], dtype=object),
-             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]
+             "x": rng.normal(0, 1, batch).astype(np.float32),
+             "slot": rng.integers(0, 20, (batch, 2)).astype(np.int64)} for _ in range(n)]

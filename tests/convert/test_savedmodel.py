@@ -220,14 +220,17 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
 def test_vocabulary_list_columns_are_converted(tmp_path):
     """categorical_column_with_vocabulary_list (HashTableV2 + LookupTableFindV2): a string's id
     is its index; unknown strings are dropped like '' (TF prunes their -1), so a mean over
-    [known, unknown] is the known row alone."""
+    [known, unknown] is the known row alone. Beside them, a plain tf.nn.embedding_lookup
+    whose [batch, 2, dim] rows the dense graph sums itself (cut right after the gather)."""
     savedmodel = tmp_path / "vocab"
     run_tf("vocab", str(savedmodel))
     batches = vocab_requests(100, 1, 61) + vocab_requests(60, 8, 62)
     want = tf_predict(savedmodel, batches, tmp_path)
     processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local"})
     try:
-        assert {b.input: len(b.vocabulary) for b in processor._model.spec.embeddings} == {"color": 4, "words": 50}
+        bindings = {b.input: b for b in processor._model.spec.embeddings}
+        assert {k: len(b.vocabulary) for k, b in bindings.items()} == {"color": 4, "words": 50, "slot": 0}
+        assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "none")
         assert _worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()

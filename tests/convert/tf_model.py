@@ -138,7 +138,9 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
 def write_vocab(out: str) -> None:
     """A SavedModel with vocabulary-list columns: `color` (single string, dim 4) and `words`
     (3 strings per sample, '' padded, mean: unknown words are dropped, not averaged in),
-    numeric `x`, one hand-written dense layer; output `prob`."""
+    numeric `x`, and `slot` (int64 [batch, 2]) looked up with plain tf.nn.embedding_lookup
+    (no pooling: [batch, 2, 3], then summed over the slots by the dense graph); one
+    hand-written dense layer; output `prob`."""
     from model_requests import COLORS, VOCAB
 
     graph = tf.Graph()
@@ -147,11 +149,15 @@ def write_vocab(out: str) -> None:
         inputs = {"color": tf1.placeholder(tf.string, [None], name="color"),
                   "words": tf1.placeholder(tf.string, [None, 3], name="words"),
                   "x": tf1.placeholder(tf.float32, [None], name="x")}
-        x = fc.input_layer(inputs, [
+        slot = tf1.placeholder(tf.int64, [None, 2], name="slot")
+        slots = tf1.get_variable("slot_emb", [20, 3])
+        columns = fc.input_layer(inputs, [
             fc.embedding_column(fc.categorical_column_with_vocabulary_list("color", COLORS), 4),
             fc.embedding_column(fc.categorical_column_with_vocabulary_list("words", VOCAB), 6, combiner="mean"),
             fc.numeric_column("x")])
-        kernel = tf1.get_variable("dense/kernel", [11, 1], initializer=tf1.glorot_uniform_initializer())
+        x = tf.concat([columns, tf.reduce_sum(tf.nn.embedding_lookup(slots, slot), axis=1)], axis=1)
+        inputs["slot"] = slot
+        kernel = tf1.get_variable("dense/kernel", [14, 1], initializer=tf1.glorot_uniform_initializer())
         prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
         with tf1.Session() as sess:
             sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
