@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import requests, run_tf, tf_predict
-from model_requests import vocab_requests
+from model_requests import requests, vocab_requests
+from tf_helpers import run_tf, tf_predict
 
 from recserve import Processor
 from recserve.convert import converted_model_dir
@@ -80,6 +80,7 @@ def test_savedmodel_serves_within_1e5_of_tensorflow(tf_model, tmp_path):
             name: dim for name, (_, dim) in TABLES.items()}
     finally:
         processor.close()
+    assert "tensorflow" not in sys.modules  # converted in a subprocess; served without it
 
 
 def _copy_version(source: Path, target: Path) -> None:

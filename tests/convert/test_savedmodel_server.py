@@ -13,7 +13,8 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
-from conftest import requests, tf_predict
+from model_requests import requests
+from tf_helpers import tf_predict
 
 from recserve.convert import converted_model_dir
 from recserve.proto import eas_service_pb2_grpc, predict_pb2

@@ -5,7 +5,7 @@ modulo the buckets): recserve's native hash and its pure-Python twin against Ten
 from __future__ import annotations
 
 import numpy as np
-from conftest import run_tf
+from tf_helpers import run_tf
 
 from recserve.embedding import _native, _pure
 
