@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[test]'
+	# TF Serving's gRPC client for the tests. --no-deps: it requires the `tensorflow`
+	# distribution, which would install a second TensorFlow over tensorflow-cpu (same module).
+	$(BIN)/pip install -q --no-deps 'tensorflow-serving-api>=2.16'
 	touch $@
 
 # Rebuilds the C libraries when their sources changed (editable installs do not).

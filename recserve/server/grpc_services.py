@@ -1,5 +1,6 @@
 """The gRPC server: tensorflow.eas PredictionService, KServe v2
-inference.GRPCInferenceService, and grpc.health.v1.
+inference.GRPCInferenceService, TF Serving's PredictionService and ModelService
+(recserve.server.tfserving_grpc), and grpc.health.v1.
 
 Predict takes and returns raw bytes (no protobuf round trip in Python: the bytes go to
 `Processor.process` as the C ABI's do). ModelInfer decodes raw or typed input contents
@@ -29,6 +30,7 @@ from recserve.server.context import ServerContext, check_version
 from recserve.server.dispatch import Outcome
 from recserve.server.errors import grpc_code
 from recserve.server.registry import ModelEntry
+from recserve.server.tfserving_grpc import MODEL_SERVICE, PREDICTION_SERVICE, TfServingServices
 
 __all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "build_grpc_server"]
 
@@ -172,7 +174,7 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
 
 class HealthService(health_pb2_grpc.HealthServicer):
     """grpc.health.v1: Check, and Watch streaming every change. Statuses are computed at each
-    look: "" and the two service names mean every model; a model's name means that model."""
+    look: "" and the service names mean every model; a model's name means that model."""
 
     # How often a Watch looks again; shutdown wakes it at once.
     WATCH_POLL_SECONDS = 0.2
@@ -183,7 +185,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def _status(self, service: str) -> Any:
         """The service's status, or None when there is no such service."""
         models = self._ctx.models
-        if service in ("", EAS_SERVICE, KSERVE_SERVICE):
+        if service in ("", EAS_SERVICE, KSERVE_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE):
             ready = models.ready
         elif service in models.entries:
             ready = models.entries[service].ready and not models.draining
@@ -239,7 +241,7 @@ def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int,
             ("grpc.so_reuseport", int(reuse_port)),
         ],
     )
-    server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(),))
+    server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(), *TfServingServices(ctx).handlers()))
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(ctx), server)  # type: ignore[no-untyped-call]
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(ctx), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

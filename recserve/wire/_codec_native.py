@@ -39,13 +39,18 @@ def _load() -> ctypes.CDLL:
             f"recserve's codec library is missing or broken ({exc}); build it with "
             "`python setup.py build_ext --inplace`, or set RECSERVE_PURE_PYTHON=1"
         ) from exc
-    lib.rs_decode_request.restype = ctypes.c_int64
-    lib.rs_decode_request.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                      ctypes.c_void_p, ctypes.c_int64]
+    for fn in (lib.rs_decode_request, lib.rs_decode_tfs_request):
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 
-_decode_request = _load().rs_decode_request
+_lib = _load()
+_decode_request = _lib.rs_decode_request
+_decode_tfs_request = _lib.rs_decode_tfs_request
+_VALUES_FULL = 2   # RS_CODEC_VALUES_FULL: only a TF Serving request whose values repeat to fill
+TFS_MAX_FILL = 1 << 20   # RS_CODEC_TFS_MAX_FILL
 _char_at = ctypes.c_char.from_buffer
 
 
@@ -230,26 +235,34 @@ def _arrays(values: np.ndarray, data: bytes, recipe: Recipe) -> dict[str, np.nda
     return inputs
 
 
-def _parse(data: bytes) -> tuple[np.ndarray, bytes, Recipe] | None:
+def _run(decoder: Any, data: bytes, values: np.ndarray) -> tuple[int, _Scratch]:
     size = len(data)
-    values = np.empty(size + 1, np.int64)   # the C side's bound: one slot per wire byte
     try:
         scratch = _local.scratch
     except AttributeError:
         scratch = _local.scratch = _Scratch(_SCRATCH_START)
-    got = _decode_request(data, size, _address(values), size + 1, scratch.address, scratch.cap)
+    got = decoder(data, size, _address(values), len(values), scratch.address, scratch.cap)
     while got == -_SCRATCH_FULL and scratch.cap < _SCRATCH_MAX:
         scratch = _local.scratch = _Scratch(scratch.cap * 4)
-        got = _decode_request(data, size, _address(values), size + 1, scratch.address, scratch.cap)
+        got = decoder(data, size, _address(values), len(values), scratch.address, scratch.cap)
+    return got, scratch
+
+
+def _parse(data: bytes) -> tuple[np.ndarray, bytes, Recipe] | None:
+    values = np.empty(len(data) + 1, np.int64)   # the C side's bound: one slot per wire byte
+    got, scratch = _run(_decode_request, data, values)
     if got < 0:
         return None
-    layout = scratch.bytes[:got].tobytes()
+    return values, *_layout_recipe(scratch.bytes[:got].tobytes())
+
+
+def _layout_recipe(layout: bytes) -> tuple[bytes, Recipe]:
     recipe = _recipes.get(layout)
     if recipe is None:
         if len(_recipes) >= _CACHE_LIMIT:
             _recipes.clear()
         recipe = _recipes[layout] = _recipe(layout)
-    return values, layout, recipe
+    return layout, recipe
 
 
 def parse(data: bytes) -> ParsedRequest | None:
@@ -266,3 +279,59 @@ def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | 
         return None
     values, _, recipe = parsed
     return recipe.signature_name, _arrays(values, data, recipe), recipe.output_filter
+
+
+class ModelSpecPrefix(NamedTuple):
+    """A TF Serving request's ModelSpec as rs_decode_tfs_request reports it."""
+
+    name: str
+    version: int | None
+    version_label: str | None
+
+
+def _model_spec(prefix: memoryview) -> tuple[ModelSpecPrefix, int]:
+    """The prefix's ModelSpec and where the layout after it starts."""
+    at = 0
+
+    def number() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            byte = prefix[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    def text() -> str:
+        nonlocal at
+        n = number()
+        at += n
+        return bytes(prefix[at - n:at]).decode()   # the C side checked it is UTF-8
+
+    name, kind = text(), number()
+    version = label = None
+    if kind == 1:
+        version = number()
+        version = version - (1 << 64) if version >= 1 << 63 else version
+    elif kind == 2:
+        label = text()
+    return ModelSpecPrefix(name, version, label), at
+
+
+def parse_tfs(data: bytes) -> tuple[ModelSpecPrefix, ParsedRequest] | None:
+    """A tensorflow.serving.PredictRequest's ModelSpec and its inputs parsed as `parse` parses
+    an EAS request (the same layouts and recipes), or None to leave `data` to
+    recserve.wire.tfserving_codec."""
+    values = np.empty(len(data) + 1, np.int64)
+    got, scratch = _run(_decode_tfs_request, data, values)
+    if got == -_VALUES_FULL:   # values repeated to fill a tensor: the bound codec.h gives
+        values = np.empty(2 * (len(data) + 1) + 2 * TFS_MAX_FILL, np.int64)
+        got, scratch = _run(_decode_tfs_request, data, values)
+    if got < 0:
+        return None
+    whole = scratch.bytes[:got]
+    spec, at = _model_spec(whole)
+    layout, recipe = _layout_recipe(whole[at:].tobytes())
+    return spec, ParsedRequest(values, data, layout, recipe)
