@@ -76,7 +76,8 @@ class TfsRequest:
             recipe = self.parsed.recipe
             return DecodedRequest(recipe.signature_name, self.parsed.inputs(), recipe.output_filter)
         request = self._message
-        inputs = {name: tensor_to_array(name, proto) for name, proto in request.inputs.items()}
+        fill = [TFS_MAX_FILL]   # elements the request's *_val fields may still be short of
+        inputs = {name: tensor_to_array(name, proto, fill) for name, proto in request.inputs.items()}
         return DecodedRequest(self.spec.signature_name, inputs, tuple(request.output_filter))
 
 
@@ -141,8 +142,9 @@ def _string_list(name: str, content: bytes, n: int) -> list[bytes]:
     return strings
 
 
-def tensor_to_array(name: str, proto: Any) -> np.ndarray:
-    """One TensorProto -> its array, as Tensor::FromProto reads it (module docstring)."""
+def tensor_to_array(name: str, proto: Any, fill: list[int] | None = None) -> np.ndarray:
+    """One TensorProto -> its array, as Tensor::FromProto reads it (module docstring).
+    `fill`: [elements the request's *_val fields may still be short of], decremented here."""
     dtype = proto.dtype
     kind = _KINDS.get(dtype)
     if kind is None:
@@ -175,7 +177,10 @@ def tensor_to_array(name: str, proto: Any) -> np.ndarray:
         return np.frombuffer(content, numpy.newbyteorder("<")).astype(numpy).reshape(dims)
     values = getattr(proto, field)
     have = len(values)
-    if have < n and n - have > TFS_MAX_FILL:
+    left = TFS_MAX_FILL if fill is None else fill[0]
+    if have < n and fill is not None:
+        fill[0] -= n - have
+    if have < n and n - have > left:
         raise _parsing_error(
             name, f"tensor_shape {dims} has {n} elements and {field} holds {have}: recserve repeats "
             f"the last value (or zero) for at most {TFS_MAX_FILL} missing elements in a request")
