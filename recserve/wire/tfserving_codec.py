@@ -40,6 +40,7 @@ __all__ = [
     "ModelSpec",
     "TfsRequest",
     "decode_predict_request",
+    "encode_predict_request",
     "encode_predict_response",
     "numpy_of_dtype",
     "parse_predict_request",
@@ -313,3 +314,29 @@ def model_spec_bytes(name: str, version: int | None, signature_name: str) -> byt
 def shape_proto(dims: Sequence[int | None]) -> Any:
     """A TensorShapeProto; an unknown dimension (None or < 0) is -1, as TensorFlow writes it."""
     return pb.TensorShapeProto(dim=[pb.TensorShapeProto.Dim(size=-1 if d is None or d < 0 else d) for d in dims])
+
+
+def _request_tensor(name: str, value: np.ndarray) -> bytes:
+    """One input as tf.make_tensor_proto writes an array: numbers as tensor_content, bools in
+    bool_val, strings in string_val."""
+    arr = np.asarray(value)
+    if arr.dtype.kind in "OSU" or arr.dtype == np.bool_:
+        return _tensor_bytes(name, arr)
+    dtype = _DTYPE_OF_NUMPY.get(arr.dtype.newbyteorder("="), pb.DT_INVALID)
+    if dtype == pb.DT_INVALID:
+        raise RequestError(f"input '{name}': numpy dtype {arr.dtype} has no TensorFlow dtype; supported: {_SUPPORTED}")
+    content = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+    return _head(dtype, arr.shape) + (_field(0x22, content) if content else b"")
+
+
+def encode_predict_request(inputs: Mapping[str, np.ndarray], model: str, *, signature_name: str = "",
+                           output_filter: Sequence[str] = (), version: int | None = None) -> bytes:
+    """{input alias: array} -> tensorflow.serving.PredictRequest bytes (clients: perf, benchmarks)."""
+    spec = pb.ModelSpec(name=model, signature_name=signature_name)
+    if version is not None:
+        spec.version.value = version
+    parts = [_field(0x0A, spec.SerializeToString())]
+    parts.extend(_field(0x12, _field(0x0A, name.encode()) + _field(0x12, _request_tensor(name, value)))
+                 for name, value in inputs.items())
+    parts.extend(_field(0x1A, name.encode()) for name in output_filter)
+    return b"".join(parts)
