@@ -229,7 +229,18 @@ def model_stub(channel):
     return model_service_pb2_grpc.ModelServiceStub(channel)
 
 
-def test_demo_predict_equals_processor(stub, demo, demo_processor):
+def _metric(server, name: str, **labels: str) -> float:
+    import httpx
+    total = 0.0
+    for line in httpx.get(server.url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_demo_predict_equals_processor(stub, server, demo, demo_processor):
+    answered = _metric(server, "recserve_requests_total", route="tfserving_grpc", code="200", model="default")
+    cpu = _metric(server, "recserve_request_cpu_seconds_total", route="tfserving_grpc", model="default")
     for batch in (1, 64):
         inputs = demo.sample_inputs(batch, np.random.default_rng(batch))
         expected = demo_processor.predict(inputs)
@@ -239,6 +250,10 @@ def test_demo_predict_equals_processor(stub, demo, demo_processor):
         # The serving version, by number or by label (its name).
         for named in (_request(inputs, version=1), _request(inputs, label="1")):
             _assert_exact(_outputs(stub.Predict(named, timeout=30)), expected)
+    # The per-request metrics, on the protocol's own route label.
+    assert _metric(server, "recserve_requests_total", route="tfserving_grpc", code="200",
+                   model="default") - answered == 6
+    assert _metric(server, "recserve_request_cpu_seconds_total", route="tfserving_grpc", model="default") > cpu
 
 
 def _error(call, request) -> grpc.RpcError:
@@ -295,8 +310,11 @@ def test_malformed_bytes(channel):
         assert error.details().startswith("request is not a valid tensorflow.serving.PredictRequest")
 
 
-def test_unimplemented_methods(stub, model_stub):
-    for call, request in ((stub.Classify, classification_pb2.ClassificationRequest()),):
+def test_unimplemented_methods(channel, stub, model_stub):
+    calls = [stub.Classify] + [channel.unary_unary(f"/tensorflow.serving.PredictionService/{m}")
+                               for m in ("Regress", "MultiInference")]
+    for call in calls:
+        request = classification_pb2.ClassificationRequest() if call is stub.Classify else b""
         error = _error(call, request)
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "recserve serves tensorflow.serving.PredictionService's Predict and GetModelMetadata" in error.details()
