@@ -13,6 +13,7 @@ or the pinned one). Handlers run on the gRPC server's thread pool. Thread-safe.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NoReturn
 
 import grpc
@@ -119,9 +120,11 @@ class TfServingServices:
                 raise RequestError("the model answered without a version")
             number = self._check_version(entry, processor, call.spec, served)
             context.set_trailing_metadata(trace.served_by())
-            with trace.span("encode"):
-                spec = tfs.model_spec_bytes(entry.name, number, call.spec.signature_name or tfs.DEFAULT_SIGNATURE)
-                return 200, tfs.encode_predict_response(outputs, spec)
+            start = time.perf_counter_ns()
+            spec = tfs.model_spec_bytes(entry.name, number, call.spec.signature_name or tfs.DEFAULT_SIGNATURE)
+            response = tfs.encode_predict_response(outputs, spec)
+            trace.add("encode", start)
+            return 200, response
 
         status, result = self._ctx.dispatcher.call(ROUTE, find, handle)
         if status != 200:

@@ -281,16 +281,8 @@ def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | 
     return recipe.signature_name, _arrays(values, data, recipe), recipe.output_filter
 
 
-class ModelSpecPrefix(NamedTuple):
-    """A TF Serving request's ModelSpec as rs_decode_tfs_request reports it."""
-
-    name: str
-    version: int | None
-    version_label: str | None
-
-
-def _model_spec(prefix: memoryview) -> tuple[ModelSpecPrefix, int]:
-    """The prefix's ModelSpec and where the layout after it starts."""
+def _model_spec(prefix: bytes) -> tuple[tuple[str, int | None, str | None], int]:
+    """The prefix's (name, version, version_label) and where the layout after it starts."""
     at = 0
 
     def number() -> int:
@@ -308,7 +300,7 @@ def _model_spec(prefix: memoryview) -> tuple[ModelSpecPrefix, int]:
         nonlocal at
         n = number()
         at += n
-        return bytes(prefix[at - n:at]).decode()   # the C side checked it is UTF-8
+        return prefix[at - n:at].decode()   # the C side checked it is UTF-8
 
     name, kind = text(), number()
     version = label = None
@@ -317,13 +309,17 @@ def _model_spec(prefix: memoryview) -> tuple[ModelSpecPrefix, int]:
         version = version - (1 << 64) if version >= 1 << 63 else version
     elif kind == 2:
         label = text()
-    return ModelSpecPrefix(name, version, label), at
+    return (name, version, label), at
 
 
-def parse_tfs(data: bytes) -> tuple[ModelSpecPrefix, ParsedRequest] | None:
-    """A tensorflow.serving.PredictRequest's ModelSpec and its inputs parsed as `parse` parses
-    an EAS request (the same layouts and recipes), or None to leave `data` to
-    recserve.wire.tfserving_codec."""
+# prefix + layout bytes -> (ModelSpec, layout, recipe): a client repeats both.
+_tfs_layouts: dict[bytes, tuple[tuple[str, int | None, str | None], bytes, Recipe]] = {}
+
+
+def parse_tfs(data: bytes) -> tuple[tuple[str, int | None, str | None], ParsedRequest] | None:
+    """A tensorflow.serving.PredictRequest's ModelSpec (name, version, version_label; the
+    signature_name is the recipe's) and its inputs parsed as `parse` parses an EAS request
+    (the same layouts and recipes), or None to leave `data` to recserve.wire.tfserving_codec."""
     values = np.empty(len(data) + 1, np.int64)
     got, scratch = _run(_decode_tfs_request, data, values)
     if got == -_VALUES_FULL:   # values repeated to fill a tensor: the bound codec.h gives
@@ -331,7 +327,13 @@ def parse_tfs(data: bytes) -> tuple[ModelSpecPrefix, ParsedRequest] | None:
         got, scratch = _run(_decode_tfs_request, data, values)
     if got < 0:
         return None
-    whole = scratch.bytes[:got]
-    spec, at = _model_spec(whole)
-    layout, recipe = _layout_recipe(whole[at:].tobytes())
+    whole = scratch.bytes[:got].tobytes()
+    known = _tfs_layouts.get(whole)
+    if known is None:
+        spec, at = _model_spec(whole)
+        known = (spec, *_layout_recipe(whole[at:]))
+        if len(_tfs_layouts) >= _CACHE_LIMIT:
+            _tfs_layouts.clear()
+        _tfs_layouts[whole] = known
+    spec, layout, recipe = known
     return spec, ParsedRequest(values, data, layout, recipe)

@@ -235,8 +235,8 @@ def parse_predict_request(data: bytes) -> TfsRequest:
     got = _parse_tfs(data) if _parse_tfs is not None else None
     if got is None:
         return decode_predict_request(data)
-    spec, parsed = got
-    return TfsRequest(ModelSpec(spec.name, spec.version, spec.version_label, parsed.recipe.signature_name), parsed)
+    (name, version, label), parsed = got
+    return TfsRequest(ModelSpec(name, version, label, parsed.recipe.signature_name), parsed)
 
 
 # --- encoding ------------------------------------------------------------------------------
@@ -256,6 +256,7 @@ def _field(tag: int, payload: bytes) -> bytes:
 
 
 _heads: dict[tuple[int, tuple[int, ...]], bytes] = {}
+_PACKED_FIXED = {pb.DT_FLOAT: b"\x2a", pb.DT_DOUBLE: b"\x32"}   # float_val, double_val tags
 
 
 def _head(dtype: int, shape: tuple[int, ...]) -> bytes:
@@ -274,17 +275,17 @@ def _tensor_bytes(name: str, value: np.ndarray) -> bytes:
     if arr.dtype.kind in "OSU":
         return _head(pb.DT_STRING, arr.shape) + b"".join(
             _field(0x42, v if isinstance(v, bytes) else str(v).encode()) for v in arr.reshape(-1).tolist())
-    dtype = _DTYPE_OF_NUMPY.get(arr.dtype.newbyteorder("="), pb.DT_INVALID)
+    dtype = _DTYPE_OF_NUMPY.get(arr.dtype) or _DTYPE_OF_NUMPY.get(arr.dtype.newbyteorder("="), pb.DT_INVALID)
     if dtype == pb.DT_INVALID:
         raise InternalError(f"output '{name}': numpy dtype {arr.dtype} has no TensorFlow dtype recserve writes; "
                             f"supported: {_SUPPORTED}")
-    head = _head(dtype, arr.shape)
+    head = _heads.get((dtype, arr.shape)) or _head(dtype, arr.shape)
     if arr.size == 0:
         return head
-    if dtype in (pb.DT_FLOAT, pb.DT_DOUBLE):
+    if dtype in _PACKED_FIXED:
         # Packed float/double values are the array's little-endian bytes.
-        tag = 0x2A if dtype == pb.DT_FLOAT else 0x32
-        return head + _field(tag, arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+        raw = arr.tobytes() if arr.dtype.byteorder != ">" else arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        return head + _PACKED_FIXED[dtype] + _varint(len(raw)) + raw
     proto = pb.TensorProto()
     flat = arr.reshape(-1)
     if dtype == pb.DT_HALF:
@@ -303,12 +304,20 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], spec: bytes) -> b
     return b"".join(parts)
 
 
+_specs: dict[tuple[str, int | None, str], bytes] = {}
+
+
 def model_spec_bytes(name: str, version: int | None, signature_name: str) -> bytes:
     """A response's ModelSpec (name, version, signature_name)."""
-    spec = pb.ModelSpec(name=name, signature_name=signature_name)
-    if version is not None:
-        spec.version.value = version
-    return spec.SerializeToString()
+    got = _specs.get((name, version, signature_name))
+    if got is None:
+        spec = pb.ModelSpec(name=name, signature_name=signature_name)
+        if version is not None:
+            spec.version.value = version
+        got = spec.SerializeToString()
+        if len(_specs) < 4096:
+            _specs[(name, version, signature_name)] = got
+    return got
 
 
 def shape_proto(dims: Sequence[int | None]) -> Any:
