@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -32,6 +33,7 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_management_pb2,
+    model_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
@@ -365,3 +367,68 @@ def test_both_protos_load_with_the_server():
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "recserve.tfs.TensorProto"
+
+
+# --- several models: loading, versions, a pinned version; worker processes ------------------
+
+ADMIN_TOKEN = "tfs-admin-token"
+
+
+def test_loading_model_and_pinned_version(launch, tmp_path, demo, demo_processor):
+    from recserve.export.demo import write_demo
+    from tests.server.test_server_models import _second_version
+
+    ranker = write_demo(tmp_path / "ranker")
+    _second_version(ranker.checkpoint_dir)
+    recall = write_demo(tmp_path / "recall")
+    empty = tmp_path / "recall-checkpoints"
+    empty.mkdir()
+    running = launch({"models": [
+        {"name": "ranker", "model_config": ranker.config()},
+        {"name": "recall", "model_config": recall.config() | {"checkpoint_dir": str(empty),
+                                                              "model_update_interval_seconds": 0.2}}]},
+        env={"RECSERVE_ADMIN_TOKEN": ADMIN_TOKEN}, wait_ready=False)
+    import httpx
+    inputs = demo.sample_inputs(3, np.random.default_rng(8))
+    with grpc.insecure_channel(running.grpc_address) as ch:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+        status_stub = model_service_pb2_grpc.ModelServiceStub(ch)
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{running.url}/v2/models/ranker/ready").status_code != 200:
+            assert time.monotonic() < deadline, running.log()
+            time.sleep(0.1)
+        loading = _error(stub.Predict, _request(inputs, name="recall"))
+        assert loading.code() == grpc.StatusCode.UNAVAILABLE
+        assert loading.details() == "model 'recall' is still loading"
+        status = status_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(
+            model_spec=model_pb2.ModelSpec(name="recall")), timeout=30)
+        assert [(r.version, r.state) for r in status.model_version_status] == [
+            (0, get_model_status_pb2.ModelVersionStatus.START)]
+
+        # ranker serves its newest version, 2; version 1 is not loaded.
+        newest = stub.Predict(_request(inputs, name="ranker", version=2), timeout=30)
+        assert newest.model_spec.version.value == 2
+        old = _error(stub.Predict, _request(inputs, name="ranker", version=1))
+        assert old.code() == grpc.StatusCode.NOT_FOUND and "serves version 2" in old.details()
+        # Pinned to 1: version 1 serves (version 1's answers), 2 is no longer served.
+        pinned = httpx.post(f"{running.url}/admin/models/ranker/pin", json={"version": "1"},
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+        assert pinned.status_code == 200, pinned.text
+        response = stub.Predict(_request(inputs, name="ranker", version=1), timeout=30)
+        assert response.model_spec.version.value == 1
+        _assert_exact(_outputs(response), demo_processor.predict(inputs))
+        assert _error(stub.Predict, _request(inputs, name="ranker", version=2)).code() == grpc.StatusCode.NOT_FOUND
+        status = status_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(
+            model_spec=model_pb2.ModelSpec(name="ranker")), timeout=30)
+        assert [(r.version, r.state) for r in status.model_version_status] == [
+            (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
+
+
+def test_worker_processes_serve_it_too(launch, demo, demo_processor):
+    running = launch(demo.config(), workers=2)
+    for batch in (1, 16):
+        inputs = demo.sample_inputs(batch, np.random.default_rng(40 + batch))
+        for _ in range(4):   # a connection each: the kernel spreads them over the workers (SO_REUSEPORT)
+            with grpc.insecure_channel(running.grpc_address) as ch:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+                _assert_exact(_outputs(stub.Predict(_request(inputs), timeout=30)), demo_processor.predict(inputs))
