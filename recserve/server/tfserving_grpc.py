@@ -14,18 +14,19 @@ or the pinned one). Handlers run on the gRPC server's thread pool. Thread-safe.
 from __future__ import annotations
 
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2
 
-from recserve.errors import RecserveError, RequestError
+from recserve.errors import InternalError, RecserveError
 from recserve.processor.processor import Processor
 from recserve.processor.trace import RequestTrace
 from recserve.proto import tfserving_pb2 as pb
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Outcome
-from recserve.server.errors import UnknownModelError, grpc_code
+from recserve.server.errors import UnknownModelError
+from recserve.server.grpc_common import abort, check_deadline
 from recserve.server.http_status import model_status
 from recserve.server.registry import ModelEntry
 from recserve.wire import tfserving_codec as tfs
@@ -46,17 +47,6 @@ def version_number(name: str | None, global_step: int | None) -> int:
     if name is not None and name.isdigit():
         return int(name)
     return int(global_step or 0)
-
-
-def _abort(context: grpc.ServicerContext, status: int, message: Any) -> NoReturn:
-    context.abort(grpc_code(status), str(message))
-    raise AssertionError("grpc.ServicerContext.abort returned")  # it always raises
-
-
-def _check_deadline(context: grpc.ServicerContext) -> None:
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
-        raise RecserveError("the call's deadline passed before its turn came; it was not run", status=504)
 
 
 def _unimplemented(what: str, instead: str) -> grpc.RpcMethodHandler:
@@ -113,11 +103,11 @@ class TfServingServices:
 
         def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
             assert call is not None
-            _check_deadline(context)
+            check_deadline(context)
             outputs = processor.serve(call.parsed, call.decoded, trace)
             served = trace.model_version
             if served is None:
-                raise RequestError("the model answered without a version")
+                raise InternalError("the model answered without naming its version")
             number = self._check_version(entry, processor, call.spec, served)
             context.set_trailing_metadata(trace.served_by())
             start = time.perf_counter_ns()
@@ -128,38 +118,38 @@ class TfServingServices:
 
         status, result = self._ctx.dispatcher.call(ROUTE, find, handle)
         if status != 200:
-            _abort(context, status, result)
+            abort(context, status, result)
         return bytes(result)
 
-    def _leased(self, spec: Any, context: grpc.ServicerContext) -> tuple[ModelEntry, tfs.ModelSpec]:
+    def _model_and_spec(self, spec: Any, context: grpc.ServicerContext) -> tuple[ModelEntry, tfs.ModelSpec]:
         try:
             return self._ctx.models.get(spec.name), tfs.ModelSpec(
                 spec.name, spec.version.value if spec.WhichOneof("version_choice") == "version" else None,
                 spec.version_label if spec.WhichOneof("version_choice") == "version_label" else None,
                 spec.signature_name)
         except RecserveError as exc:
-            _abort(context, exc.status, exc.message)
+            abort(context, exc.status, exc.message)
 
     def get_model_metadata(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             message = pb.GetModelMetadataRequest.FromString(request)
         except Exception as exc:  # noqa: BLE001  (protobuf's DecodeError)
-            _abort(context, 400, f"request is not a valid tensorflow.serving.GetModelMetadataRequest: {exc}")
+            abort(context, 400, f"request is not a valid tensorflow.serving.GetModelMetadataRequest: {exc}")
         fields = list(message.metadata_field)
         if not fields:
-            _abort(context, 400, "GetModelMetadataRequest must specify at least one metadata_field: "
+            abort(context, 400, "GetModelMetadataRequest must specify at least one metadata_field: "
                                  "recserve serves 'signature_def'")
         unknown = [f for f in fields if f != "signature_def"]
         if unknown:
-            _abort(context, 400, f"Metadata field {unknown[0]} is not supported; recserve serves 'signature_def'")
-        entry, spec = self._leased(message.model_spec, context)
+            abort(context, 400, f"Metadata field {unknown[0]} is not supported; recserve serves 'signature_def'")
+        entry, spec = self._model_and_spec(message.model_spec, context)
         try:
             with entry.lease() as processor:
                 signatures = processor.signature_infos()
                 info = processor.model_info()
                 number = self._check_version(entry, processor, spec, str(info["version"]))
         except RecserveError as exc:
-            _abort(context, exc.status, exc.message)
+            abort(context, exc.status, exc.message)
         defs = pb.SignatureDefMap()
         for name, sig in signatures.items():
             target = defs.signature_def[name]
@@ -181,8 +171,8 @@ class TfServingServices:
         try:
             message = pb.GetModelStatusRequest.FromString(request)
         except Exception as exc:  # noqa: BLE001  (protobuf's DecodeError)
-            _abort(context, 400, f"request is not a valid tensorflow.serving.GetModelStatusRequest: {exc}")
-        entry, spec = self._leased(message.model_spec, context)
+            abort(context, 400, f"request is not a valid tensorflow.serving.GetModelStatusRequest: {exc}")
+        entry, spec = self._model_and_spec(message.model_spec, context)
         status = model_status(entry)
         response = pb.GetModelStatusResponse()
         served = status["version"]
@@ -206,7 +196,7 @@ class TfServingServices:
         if spec.version is not None:
             rows = [r for r in response.model_version_status if r.version == spec.version]
             if not rows:
-                _abort(context, 404, f"Could not find version {spec.version} of model {entry.name!r}; it has "
+                abort(context, 404, f"Could not find version {spec.version} of model {entry.name!r}; it has "
                                      f"{[r.version for r in response.model_version_status]}")
             del response.model_version_status[:]
             response.model_version_status.extend(rows)

@@ -42,8 +42,10 @@ __all__ = [
     "decode_predict_request",
     "encode_predict_request",
     "encode_predict_response",
+    "model_spec_bytes",
     "numpy_of_dtype",
     "parse_predict_request",
+    "shape_proto",
     "tensor_to_array",
     "tf_dtype",
 ]
@@ -70,13 +72,13 @@ class TfsRequest:
 
     spec: ModelSpec
     parsed: ParsedRequest | None
-    _message: Any = None
+    message: Any = None   # the generated PredictRequest, when `parsed` is None
 
     def decoded(self) -> DecodedRequest:
         if self.parsed is not None:
             recipe = self.parsed.recipe
             return DecodedRequest(recipe.signature_name, self.parsed.inputs(), recipe.output_filter)
-        request = self._message
+        request = self.message
         fill = [TFS_MAX_FILL]   # elements the request's *_val fields may still be short of
         inputs = {name: tensor_to_array(name, proto, fill) for name, proto in request.inputs.items()}
         return DecodedRequest(self.spec.signature_name, inputs, tuple(request.output_filter))
