@@ -157,26 +157,34 @@ def _string_step(first: WireInput) -> _Step:
     return step
 
 
-def _recipe(layout: bytes) -> Recipe:
-    at = 0
+class _LayoutReader:
+    """Reads a layout's varints and texts from `at` on. Used by one thread."""
 
-    def number() -> int:
-        nonlocal at
+    __slots__ = ("at", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def number(self) -> int:
         value = shift = 0
         while True:
-            byte = layout[at]
-            at += 1
+            byte = self.data[self.at]
+            self.at += 1
             value |= (byte & 0x7F) << shift
             shift += 7
             if byte < 0x80:
                 return value
 
-    def text() -> str:
-        nonlocal at
-        n = number()
-        at += n
-        return layout[at - n:at].decode()   # the C side checked it is UTF-8
+    def text(self) -> str:
+        n = self.number()
+        self.at += n
+        return self.data[self.at - n:self.at].decode()   # the C side checked it is UTF-8
 
+
+def _recipe(layout: bytes) -> Recipe:
+    reader = _LayoutReader(layout)
+    number, text = reader.number, reader.text
     signature_name = text()
     output_filter = tuple(text() for _ in range(number()))
     inputs = []
@@ -283,33 +291,15 @@ def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | 
 
 def _model_spec(prefix: bytes) -> tuple[tuple[str, int | None, str | None], int]:
     """The prefix's (name, version, version_label) and where the layout after it starts."""
-    at = 0
-
-    def number() -> int:
-        nonlocal at
-        value = shift = 0
-        while True:
-            byte = prefix[at]
-            at += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                return value
-
-    def text() -> str:
-        nonlocal at
-        n = number()
-        at += n
-        return prefix[at - n:at].decode()   # the C side checked it is UTF-8
-
-    name, kind = text(), number()
+    reader = _LayoutReader(prefix)
+    name, kind = reader.text(), reader.number()
     version = label = None
     if kind == 1:
-        version = number()
+        version = reader.number()
         version = version - (1 << 64) if version >= 1 << 63 else version
     elif kind == 2:
-        label = text()
-    return (name, version, label), at
+        label = reader.text()
+    return (name, version, label), reader.at
 
 
 # prefix + layout bytes -> (ModelSpec, layout, recipe): a client repeats both.

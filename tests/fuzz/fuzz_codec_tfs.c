@@ -44,20 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const uint8_t* layout = skip_prefix((const uint8_t*)big, (const uint8_t*)big + n);
         int64_t at = layout - (const uint8_t*)big;
         check_layout(layout, n - at, values, values_cap, (int64_t)size);
-        /* From a small scratch up, doubling on SCRATCH_FULL as the Python caller does. */
-        int64_t* values2 = malloc((size_t)values_cap * sizeof(int64_t));
-        for (int64_t cap = 1;; cap *= 2) {
-            int64_t* small = malloc((size_t)cap * sizeof(int64_t));
-            int64_t m = rs_decode_tfs_request(request, (int64_t)size, values2, values_cap, small, cap);
-            if (m == -RS_CODEC_SCRATCH_FULL) {
-                free(small);
-                CHECK(cap < big_cap);
-                continue;
-            }
-            CHECK(m == n && memcmp(small, big, (size_t)n) == 0);
-            free(small);
-            break;
-        }
+        int64_t* values2 =
+            redecode_from_small_scratch(rs_decode_tfs_request, request, size, values_cap, big, big_cap, n);
         free(values2);
     }
     free(big);

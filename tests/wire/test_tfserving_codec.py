@@ -15,38 +15,12 @@ import pytest
 
 from recserve.errors import RequestError
 from recserve.wire import tfserving_codec as tfs
+from tests.wire.test_codec_native import exact, key, varint
+from tests.wire.test_codec_native import length_delimited as ld
 
 NATIVE = os.environ.get("RECSERVE_PURE_PYTHON") != "1"
 if NATIVE:
     from recserve.wire import _codec_native as native
-
-
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
-
-
-def key(field: int, wire_type: int) -> bytes:
-    return varint(field << 3 | wire_type)
-
-
-def ld(field: int, payload: bytes) -> bytes:
-    return key(field, 2) + varint(len(payload)) + payload
-
-
-def exact(a: np.ndarray) -> object:
-    """Values bit for bit but a NaN's payload (the Python twin passes *_val floats through
-    Python floats, which quiets signaling NaNs)."""
-    if a.dtype == object:
-        return a.reshape(-1).tolist()
-    if a.dtype.kind == "f":
-        nan = np.isnan(a)
-        return nan.tobytes(), np.where(nan, 0, a).tobytes()
-    return a.tobytes()
 
 
 def outcome(decode: object, data: bytes) -> tuple[object, ...]:
