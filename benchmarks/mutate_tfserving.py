@@ -44,7 +44,8 @@ def _val_form(inputs: dict[str, np.ndarray]) -> bytes:
     for name, value in inputs.items():
         proto = request.inputs[name]
         proto.dtype = tfs.tf_dtype("string" if value.dtype == object else str(value.dtype))
-        proto.tensor_shape.dim.extend(tfs.pb.TensorShapeProto.Dim(size=d) for d in value.shape)
+        for d in value.shape:
+            proto.tensor_shape.dim.add(size=d)
         field = {np.float32: "float_val", np.int64: "int64_val"}.get(value.dtype.type, "string_val")
         getattr(proto, field).extend(value.reshape(-1).tolist())
     return request.SerializeToString()

@@ -24,9 +24,10 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
+from recserve.proto import tensor_bundle_pb2 as tensor__bundle__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ftfserving.proto\x12\x0crecserve.tfs\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/wrappers.proto\"|\n\x10TensorShapeProto\x12/\n\x03\x64im\x18\x02 \x03(\x0b\x32\".recserve.tfs.TensorShapeProto.Dim\x12\x14\n\x0cunknown_rank\x18\x03 \x01(\x08\x1a!\n\x03\x44im\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x99\x03\n\x0bTensorProto\x12%\n\x05\x64type\x18\x01 \x01(\x0e\x32\x16.recserve.tfs.DataType\x12\x34\n\x0ctensor_shape\x18\x02 \x01(\x0b\x32\x1e.recserve.tfs.TensorShapeProto\x12\x16\n\x0eversion_number\x18\x03 \x01(\x05\x12\x16\n\x0etensor_content\x18\x04 \x01(\x0c\x12\x14\n\x08half_val\x18\r \x03(\x05\x42\x02\x10\x01\x12\x15\n\tfloat_val\x18\x05 \x03(\x02\x42\x02\x10\x01\x12\x16\n\ndouble_val\x18\x06 \x03(\x01\x42\x02\x10\x01\x12\x13\n\x07int_val\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\x12\n\nstring_val\x18\x08 \x03(\x0c\x12\x18\n\x0cscomplex_val\x18\t \x03(\x02\x42\x02\x10\x01\x12\x15\n\tint64_val\x18\n \x03(\x03\x42\x02\x10\x01\x12\x14\n\x08\x62ool_val\x18\x0b \x03(\x08\x42\x02\x10\x01\x12\x18\n\x0c\x64\x63omplex_val\x18\x0c \x03(\x01\x42\x02\x10\x01\x12\x16\n\nuint32_val\x18\x10 \x03(\rB\x02\x10\x01\x12\x16\n\nuint64_val\x18\x11 \x03(\x04\x42\x02\x10\x01\"w\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.recserve.tfs.DataType\x12\x34\n\x0ctensor_shape\x18\x03 \x01(\x0b\x32\x1e.recserve.tfs.TensorShapeProto\"\xa8\x02\n\x0cSignatureDef\x12\x36\n\x06inputs\x18\x01 \x03(\x0b\x32&.recserve.tfs.SignatureDef.InputsEntry\x12\x38\n\x07outputs\x18\x02 \x03(\x0b\x32\'.recserve.tfs.SignatureDef.OutputsEntry\x12\x13\n\x0bmethod_name\x18\x03 \x01(\t\x1aG\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.recserve.tfs.TensorInfo:\x02\x38\x01\x1aH\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.recserve.tfs.TensorInfo:\x02\x38\x01\"\x8c\x01\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1b.google.protobuf.Int64ValueH\x00\x12\x17\n\rversion_label\x18\x04 \x01(\tH\x00\x12\x16\n\x0esignature_name\x18\x03 \x01(\tB\x10\n\x0eversion_choice\"\xd8\x01\n\x0ePredictRequest\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12\x38\n\x06inputs\x18\x02 \x03(\x0b\x32(.recserve.tfs.PredictRequest.InputsEntry\x12\x15\n\routput_filter\x18\x03 \x03(\t\x1aH\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.recserve.tfs.TensorProto:\x02\x38\x01\"\xc6\x01\n\x0fPredictResponse\x12+\n\nmodel_spec\x18\x02 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12;\n\x07outputs\x18\x01 \x03(\x0b\x32*.recserve.tfs.PredictResponse.OutputsEntry\x1aI\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.recserve.tfs.TensorProto:\x02\x38\x01\"\xaa\x01\n\x0fSignatureDefMap\x12\x46\n\rsignature_def\x18\x01 \x03(\x0b\x32/.recserve.tfs.SignatureDefMap.SignatureDefEntry\x1aO\n\x11SignatureDefEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.recserve.tfs.SignatureDef:\x02\x38\x01\"^\n\x17GetModelMetadataRequest\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12\x16\n\x0emetadata_field\x18\x02 \x03(\t\"\xd6\x01\n\x18GetModelMetadataResponse\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12\x46\n\x08metadata\x18\x02 \x03(\x0b\x32\x34.recserve.tfs.GetModelMetadataResponse.MetadataEntry\x1a\x45\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.google.protobuf.Any:\x02\x38\x01\"8\n\x0bStatusProto\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\"\xdc\x01\n\x12ModelVersionStatus\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x35\n\x05state\x18\x02 \x01(\x0e\x32&.recserve.tfs.ModelVersionStatus.State\x12)\n\x06status\x18\x03 \x01(\x0b\x32\x19.recserve.tfs.StatusProto\"S\n\x05State\x12\x0b\n\x07UNKNOWN\x10\x00\x12\t\n\x05START\x10\n\x12\x0b\n\x07LOADING\x10\x14\x12\r\n\tAVAILABLE\x10\x1e\x12\r\n\tUNLOADING\x10(\x12\x07\n\x03\x45ND\x10\x32\"D\n\x15GetModelStatusRequest\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\"X\n\x16GetModelStatusResponse\x12>\n\x14model_version_status\x18\x01 \x03(\x0b\x32 .recserve.tfs.ModelVersionStatus*\xf4\x02\n\x08\x44\x61taType\x12\x0e\n\nDT_INVALID\x10\x00\x12\x0c\n\x08\x44T_FLOAT\x10\x01\x12\r\n\tDT_DOUBLE\x10\x02\x12\x0c\n\x08\x44T_INT32\x10\x03\x12\x0c\n\x08\x44T_UINT8\x10\x04\x12\x0c\n\x08\x44T_INT16\x10\x05\x12\x0b\n\x07\x44T_INT8\x10\x06\x12\r\n\tDT_STRING\x10\x07\x12\x10\n\x0c\x44T_COMPLEX64\x10\x08\x12\x0c\n\x08\x44T_INT64\x10\t\x12\x0b\n\x07\x44T_BOOL\x10\n\x12\x0c\n\x08\x44T_QINT8\x10\x0b\x12\r\n\tDT_QUINT8\x10\x0c\x12\r\n\tDT_QINT32\x10\r\x12\x0f\n\x0b\x44T_BFLOAT16\x10\x0e\x12\r\n\tDT_QINT16\x10\x0f\x12\x0e\n\nDT_QUINT16\x10\x10\x12\r\n\tDT_UINT16\x10\x11\x12\x11\n\rDT_COMPLEX128\x10\x12\x12\x0b\n\x07\x44T_HALF\x10\x13\x12\x0f\n\x0b\x44T_RESOURCE\x10\x14\x12\x0e\n\nDT_VARIANT\x10\x15\x12\r\n\tDT_UINT32\x10\x16\x12\r\n\tDT_UINT64\x10\x17\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ftfserving.proto\x12\x0crecserve.tfs\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/wrappers.proto\x1a\x13tensor_bundle.proto\"\x9e\x03\n\x0bTensorProto\x12%\n\x05\x64type\x18\x01 \x01(\x0e\x32\x16.recserve.tfs.DataType\x12\x39\n\x0ctensor_shape\x18\x02 \x01(\x0b\x32#.recserve.tfbundle.TensorShapeProto\x12\x16\n\x0eversion_number\x18\x03 \x01(\x05\x12\x16\n\x0etensor_content\x18\x04 \x01(\x0c\x12\x14\n\x08half_val\x18\r \x03(\x05\x42\x02\x10\x01\x12\x15\n\tfloat_val\x18\x05 \x03(\x02\x42\x02\x10\x01\x12\x16\n\ndouble_val\x18\x06 \x03(\x01\x42\x02\x10\x01\x12\x13\n\x07int_val\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\x12\n\nstring_val\x18\x08 \x03(\x0c\x12\x18\n\x0cscomplex_val\x18\t \x03(\x02\x42\x02\x10\x01\x12\x15\n\tint64_val\x18\n \x03(\x03\x42\x02\x10\x01\x12\x14\n\x08\x62ool_val\x18\x0b \x03(\x08\x42\x02\x10\x01\x12\x18\n\x0c\x64\x63omplex_val\x18\x0c \x03(\x01\x42\x02\x10\x01\x12\x16\n\nuint32_val\x18\x10 \x03(\rB\x02\x10\x01\x12\x16\n\nuint64_val\x18\x11 \x03(\x04\x42\x02\x10\x01\"|\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.recserve.tfs.DataType\x12\x39\n\x0ctensor_shape\x18\x03 \x01(\x0b\x32#.recserve.tfbundle.TensorShapeProto\"\xa8\x02\n\x0cSignatureDef\x12\x36\n\x06inputs\x18\x01 \x03(\x0b\x32&.recserve.tfs.SignatureDef.InputsEntry\x12\x38\n\x07outputs\x18\x02 \x03(\x0b\x32\'.recserve.tfs.SignatureDef.OutputsEntry\x12\x13\n\x0bmethod_name\x18\x03 \x01(\t\x1aG\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.recserve.tfs.TensorInfo:\x02\x38\x01\x1aH\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.recserve.tfs.TensorInfo:\x02\x38\x01\"\x8c\x01\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1b.google.protobuf.Int64ValueH\x00\x12\x17\n\rversion_label\x18\x04 \x01(\tH\x00\x12\x16\n\x0esignature_name\x18\x03 \x01(\tB\x10\n\x0eversion_choice\"\xd8\x01\n\x0ePredictRequest\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12\x38\n\x06inputs\x18\x02 \x03(\x0b\x32(.recserve.tfs.PredictRequest.InputsEntry\x12\x15\n\routput_filter\x18\x03 \x03(\t\x1aH\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.recserve.tfs.TensorProto:\x02\x38\x01\"\xc6\x01\n\x0fPredictResponse\x12+\n\nmodel_spec\x18\x02 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12;\n\x07outputs\x18\x01 \x03(\x0b\x32*.recserve.tfs.PredictResponse.OutputsEntry\x1aI\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.recserve.tfs.TensorProto:\x02\x38\x01\"\xaa\x01\n\x0fSignatureDefMap\x12\x46\n\rsignature_def\x18\x01 \x03(\x0b\x32/.recserve.tfs.SignatureDefMap.SignatureDefEntry\x1aO\n\x11SignatureDefEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.recserve.tfs.SignatureDef:\x02\x38\x01\"^\n\x17GetModelMetadataRequest\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12\x16\n\x0emetadata_field\x18\x02 \x03(\t\"\xd6\x01\n\x18GetModelMetadataResponse\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\x12\x46\n\x08metadata\x18\x02 \x03(\x0b\x32\x34.recserve.tfs.GetModelMetadataResponse.MetadataEntry\x1a\x45\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.google.protobuf.Any:\x02\x38\x01\"8\n\x0bStatusProto\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\"\xdc\x01\n\x12ModelVersionStatus\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x35\n\x05state\x18\x02 \x01(\x0e\x32&.recserve.tfs.ModelVersionStatus.State\x12)\n\x06status\x18\x03 \x01(\x0b\x32\x19.recserve.tfs.StatusProto\"S\n\x05State\x12\x0b\n\x07UNKNOWN\x10\x00\x12\t\n\x05START\x10\n\x12\x0b\n\x07LOADING\x10\x14\x12\r\n\tAVAILABLE\x10\x1e\x12\r\n\tUNLOADING\x10(\x12\x07\n\x03\x45ND\x10\x32\"D\n\x15GetModelStatusRequest\x12+\n\nmodel_spec\x18\x01 \x01(\x0b\x32\x17.recserve.tfs.ModelSpec\"X\n\x16GetModelStatusResponse\x12>\n\x14model_version_status\x18\x01 \x03(\x0b\x32 .recserve.tfs.ModelVersionStatus*\xf4\x02\n\x08\x44\x61taType\x12\x0e\n\nDT_INVALID\x10\x00\x12\x0c\n\x08\x44T_FLOAT\x10\x01\x12\r\n\tDT_DOUBLE\x10\x02\x12\x0c\n\x08\x44T_INT32\x10\x03\x12\x0c\n\x08\x44T_UINT8\x10\x04\x12\x0c\n\x08\x44T_INT16\x10\x05\x12\x0b\n\x07\x44T_INT8\x10\x06\x12\r\n\tDT_STRING\x10\x07\x12\x10\n\x0c\x44T_COMPLEX64\x10\x08\x12\x0c\n\x08\x44T_INT64\x10\t\x12\x0b\n\x07\x44T_BOOL\x10\n\x12\x0c\n\x08\x44T_QINT8\x10\x0b\x12\r\n\tDT_QUINT8\x10\x0c\x12\r\n\tDT_QINT32\x10\r\x12\x0f\n\x0b\x44T_BFLOAT16\x10\x0e\x12\r\n\tDT_QINT16\x10\x0f\x12\x0e\n\nDT_QUINT16\x10\x10\x12\r\n\tDT_UINT16\x10\x11\x12\x11\n\rDT_COMPLEX128\x10\x12\x12\x0b\n\x07\x44T_HALF\x10\x13\x12\x0f\n\x0b\x44T_RESOURCE\x10\x14\x12\x0e\n\nDT_VARIANT\x10\x15\x12\r\n\tDT_UINT32\x10\x16\x12\r\n\tDT_UINT64\x10\x17\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -65,50 +66,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SIGNATUREDEFMAP_SIGNATUREDEFENTRY']._serialized_options = b'8\001'
   _globals['_GETMODELMETADATARESPONSE_METADATAENTRY']._loaded_options = None
   _globals['_GETMODELMETADATARESPONSE_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_DATATYPE']._serialized_start=2541
-  _globals['_DATATYPE']._serialized_end=2913
-  _globals['_TENSORSHAPEPROTO']._serialized_start=92
-  _globals['_TENSORSHAPEPROTO']._serialized_end=216
-  _globals['_TENSORSHAPEPROTO_DIM']._serialized_start=183
-  _globals['_TENSORSHAPEPROTO_DIM']._serialized_end=216
-  _globals['_TENSORPROTO']._serialized_start=219
-  _globals['_TENSORPROTO']._serialized_end=628
-  _globals['_TENSORINFO']._serialized_start=630
-  _globals['_TENSORINFO']._serialized_end=749
-  _globals['_SIGNATUREDEF']._serialized_start=752
-  _globals['_SIGNATUREDEF']._serialized_end=1048
-  _globals['_SIGNATUREDEF_INPUTSENTRY']._serialized_start=903
-  _globals['_SIGNATUREDEF_INPUTSENTRY']._serialized_end=974
-  _globals['_SIGNATUREDEF_OUTPUTSENTRY']._serialized_start=976
-  _globals['_SIGNATUREDEF_OUTPUTSENTRY']._serialized_end=1048
-  _globals['_MODELSPEC']._serialized_start=1051
-  _globals['_MODELSPEC']._serialized_end=1191
-  _globals['_PREDICTREQUEST']._serialized_start=1194
-  _globals['_PREDICTREQUEST']._serialized_end=1410
-  _globals['_PREDICTREQUEST_INPUTSENTRY']._serialized_start=1338
-  _globals['_PREDICTREQUEST_INPUTSENTRY']._serialized_end=1410
-  _globals['_PREDICTRESPONSE']._serialized_start=1413
-  _globals['_PREDICTRESPONSE']._serialized_end=1611
-  _globals['_PREDICTRESPONSE_OUTPUTSENTRY']._serialized_start=1538
-  _globals['_PREDICTRESPONSE_OUTPUTSENTRY']._serialized_end=1611
-  _globals['_SIGNATUREDEFMAP']._serialized_start=1614
-  _globals['_SIGNATUREDEFMAP']._serialized_end=1784
-  _globals['_SIGNATUREDEFMAP_SIGNATUREDEFENTRY']._serialized_start=1705
-  _globals['_SIGNATUREDEFMAP_SIGNATUREDEFENTRY']._serialized_end=1784
-  _globals['_GETMODELMETADATAREQUEST']._serialized_start=1786
-  _globals['_GETMODELMETADATAREQUEST']._serialized_end=1880
-  _globals['_GETMODELMETADATARESPONSE']._serialized_start=1883
-  _globals['_GETMODELMETADATARESPONSE']._serialized_end=2097
-  _globals['_GETMODELMETADATARESPONSE_METADATAENTRY']._serialized_start=2028
-  _globals['_GETMODELMETADATARESPONSE_METADATAENTRY']._serialized_end=2097
-  _globals['_STATUSPROTO']._serialized_start=2099
-  _globals['_STATUSPROTO']._serialized_end=2155
-  _globals['_MODELVERSIONSTATUS']._serialized_start=2158
-  _globals['_MODELVERSIONSTATUS']._serialized_end=2378
-  _globals['_MODELVERSIONSTATUS_STATE']._serialized_start=2295
-  _globals['_MODELVERSIONSTATUS_STATE']._serialized_end=2378
-  _globals['_GETMODELSTATUSREQUEST']._serialized_start=2380
-  _globals['_GETMODELSTATUSREQUEST']._serialized_end=2448
-  _globals['_GETMODELSTATUSRESPONSE']._serialized_start=2450
-  _globals['_GETMODELSTATUSRESPONSE']._serialized_end=2538
+  _globals['_DATATYPE']._serialized_start=2446
+  _globals['_DATATYPE']._serialized_end=2818
+  _globals['_TENSORPROTO']._serialized_start=114
+  _globals['_TENSORPROTO']._serialized_end=528
+  _globals['_TENSORINFO']._serialized_start=530
+  _globals['_TENSORINFO']._serialized_end=654
+  _globals['_SIGNATUREDEF']._serialized_start=657
+  _globals['_SIGNATUREDEF']._serialized_end=953
+  _globals['_SIGNATUREDEF_INPUTSENTRY']._serialized_start=808
+  _globals['_SIGNATUREDEF_INPUTSENTRY']._serialized_end=879
+  _globals['_SIGNATUREDEF_OUTPUTSENTRY']._serialized_start=881
+  _globals['_SIGNATUREDEF_OUTPUTSENTRY']._serialized_end=953
+  _globals['_MODELSPEC']._serialized_start=956
+  _globals['_MODELSPEC']._serialized_end=1096
+  _globals['_PREDICTREQUEST']._serialized_start=1099
+  _globals['_PREDICTREQUEST']._serialized_end=1315
+  _globals['_PREDICTREQUEST_INPUTSENTRY']._serialized_start=1243
+  _globals['_PREDICTREQUEST_INPUTSENTRY']._serialized_end=1315
+  _globals['_PREDICTRESPONSE']._serialized_start=1318
+  _globals['_PREDICTRESPONSE']._serialized_end=1516
+  _globals['_PREDICTRESPONSE_OUTPUTSENTRY']._serialized_start=1443
+  _globals['_PREDICTRESPONSE_OUTPUTSENTRY']._serialized_end=1516
+  _globals['_SIGNATUREDEFMAP']._serialized_start=1519
+  _globals['_SIGNATUREDEFMAP']._serialized_end=1689
+  _globals['_SIGNATUREDEFMAP_SIGNATUREDEFENTRY']._serialized_start=1610
+  _globals['_SIGNATUREDEFMAP_SIGNATUREDEFENTRY']._serialized_end=1689
+  _globals['_GETMODELMETADATAREQUEST']._serialized_start=1691
+  _globals['_GETMODELMETADATAREQUEST']._serialized_end=1785
+  _globals['_GETMODELMETADATARESPONSE']._serialized_start=1788
+  _globals['_GETMODELMETADATARESPONSE']._serialized_end=2002
+  _globals['_GETMODELMETADATARESPONSE_METADATAENTRY']._serialized_start=1933
+  _globals['_GETMODELMETADATARESPONSE_METADATAENTRY']._serialized_end=2002
+  _globals['_STATUSPROTO']._serialized_start=2004
+  _globals['_STATUSPROTO']._serialized_end=2060
+  _globals['_MODELVERSIONSTATUS']._serialized_start=2063
+  _globals['_MODELVERSIONSTATUS']._serialized_end=2283
+  _globals['_MODELVERSIONSTATUS_STATE']._serialized_start=2200
+  _globals['_MODELVERSIONSTATUS_STATE']._serialized_end=2283
+  _globals['_GETMODELSTATUSREQUEST']._serialized_start=2285
+  _globals['_GETMODELSTATUSREQUEST']._serialized_end=2353
+  _globals['_GETMODELSTATUSRESPONSE']._serialized_start=2355
+  _globals['_GETMODELSTATUSRESPONSE']._serialized_end=2443
 # @@protoc_insertion_point(module_scope)

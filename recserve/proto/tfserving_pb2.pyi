@@ -1,5 +1,6 @@
 from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import wrappers_pb2 as _wrappers_pb2
+from recserve.proto import tensor_bundle_pb2 as _tensor_bundle_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -60,21 +61,6 @@ DT_VARIANT: DataType
 DT_UINT32: DataType
 DT_UINT64: DataType
 
-class TensorShapeProto(_message.Message):
-    __slots__ = ("dim", "unknown_rank")
-    class Dim(_message.Message):
-        __slots__ = ("size", "name")
-        SIZE_FIELD_NUMBER: _ClassVar[int]
-        NAME_FIELD_NUMBER: _ClassVar[int]
-        size: int
-        name: str
-        def __init__(self, size: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
-    DIM_FIELD_NUMBER: _ClassVar[int]
-    UNKNOWN_RANK_FIELD_NUMBER: _ClassVar[int]
-    dim: _containers.RepeatedCompositeFieldContainer[TensorShapeProto.Dim]
-    unknown_rank: bool
-    def __init__(self, dim: _Optional[_Iterable[_Union[TensorShapeProto.Dim, _Mapping]]] = ..., unknown_rank: _Optional[bool] = ...) -> None: ...
-
 class TensorProto(_message.Message):
     __slots__ = ("dtype", "tensor_shape", "version_number", "tensor_content", "half_val", "float_val", "double_val", "int_val", "string_val", "scomplex_val", "int64_val", "bool_val", "dcomplex_val", "uint32_val", "uint64_val")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -93,7 +79,7 @@ class TensorProto(_message.Message):
     UINT32_VAL_FIELD_NUMBER: _ClassVar[int]
     UINT64_VAL_FIELD_NUMBER: _ClassVar[int]
     dtype: DataType
-    tensor_shape: TensorShapeProto
+    tensor_shape: _tensor_bundle_pb2.TensorShapeProto
     version_number: int
     tensor_content: bytes
     half_val: _containers.RepeatedScalarFieldContainer[int]
@@ -107,7 +93,7 @@ class TensorProto(_message.Message):
     dcomplex_val: _containers.RepeatedScalarFieldContainer[float]
     uint32_val: _containers.RepeatedScalarFieldContainer[int]
     uint64_val: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dtype: _Optional[_Union[DataType, str]] = ..., tensor_shape: _Optional[_Union[TensorShapeProto, _Mapping]] = ..., version_number: _Optional[int] = ..., tensor_content: _Optional[bytes] = ..., half_val: _Optional[_Iterable[int]] = ..., float_val: _Optional[_Iterable[float]] = ..., double_val: _Optional[_Iterable[float]] = ..., int_val: _Optional[_Iterable[int]] = ..., string_val: _Optional[_Iterable[bytes]] = ..., scomplex_val: _Optional[_Iterable[float]] = ..., int64_val: _Optional[_Iterable[int]] = ..., bool_val: _Optional[_Iterable[bool]] = ..., dcomplex_val: _Optional[_Iterable[float]] = ..., uint32_val: _Optional[_Iterable[int]] = ..., uint64_val: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[DataType, str]] = ..., tensor_shape: _Optional[_Union[_tensor_bundle_pb2.TensorShapeProto, _Mapping]] = ..., version_number: _Optional[int] = ..., tensor_content: _Optional[bytes] = ..., half_val: _Optional[_Iterable[int]] = ..., float_val: _Optional[_Iterable[float]] = ..., double_val: _Optional[_Iterable[float]] = ..., int_val: _Optional[_Iterable[int]] = ..., string_val: _Optional[_Iterable[bytes]] = ..., scomplex_val: _Optional[_Iterable[float]] = ..., int64_val: _Optional[_Iterable[int]] = ..., bool_val: _Optional[_Iterable[bool]] = ..., dcomplex_val: _Optional[_Iterable[float]] = ..., uint32_val: _Optional[_Iterable[int]] = ..., uint64_val: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "dtype", "tensor_shape")
@@ -116,8 +102,8 @@ class TensorInfo(_message.Message):
     TENSOR_SHAPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DataType
-    tensor_shape: TensorShapeProto
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., tensor_shape: _Optional[_Union[TensorShapeProto, _Mapping]] = ...) -> None: ...
+    tensor_shape: _tensor_bundle_pb2.TensorShapeProto
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., tensor_shape: _Optional[_Union[_tensor_bundle_pb2.TensorShapeProto, _Mapping]] = ...) -> None: ...
 
 class SignatureDef(_message.Message):
     __slots__ = ("inputs", "outputs", "method_name")

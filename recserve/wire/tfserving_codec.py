@@ -28,6 +28,7 @@ import numpy as np
 from google.protobuf import message
 
 from recserve.errors import InternalError, RequestError
+from recserve.proto import tensor_bundle_pb2
 from recserve.proto import tfserving_pb2 as pb
 from recserve.wire.codec import DecodedRequest
 
@@ -324,7 +325,8 @@ def model_spec_bytes(name: str, version: int | None, signature_name: str) -> byt
 
 def shape_proto(dims: Sequence[int | None]) -> Any:
     """A TensorShapeProto; an unknown dimension (None or < 0) is -1, as TensorFlow writes it."""
-    return pb.TensorShapeProto(dim=[pb.TensorShapeProto.Dim(size=-1 if d is None or d < 0 else d) for d in dims])
+    return tensor_bundle_pb2.TensorShapeProto(
+        dim=[tensor_bundle_pb2.TensorShapeProto.Dim(size=-1 if d is None or d < 0 else d) for d in dims])
 
 
 def _request_tensor(name: str, value: np.ndarray) -> bytes:
