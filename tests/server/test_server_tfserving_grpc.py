@@ -424,8 +424,12 @@ def test_loading_model_and_pinned_version(launch, tmp_path, demo, demo_processor
             (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
 
 
-def test_worker_processes_serve_it_too(launch, demo, demo_processor):
-    running = launch(demo.config(), workers=2)
+def test_worker_processes_and_the_message_limit(launch, demo, demo_processor):
+    running = launch(demo.config(), workers=2, env={"RECSERVE_MAX_REQUEST_BYTES": "65536"})
+    with grpc.insecure_channel(running.grpc_address) as ch:
+        big = demo.sample_inputs(2048, np.random.default_rng(2))   # ~100 KB as TensorProtos
+        too_big = _error(prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict, _request(big))
+        assert too_big.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     for batch in (1, 16):
         inputs = demo.sample_inputs(batch, np.random.default_rng(40 + batch))
         for _ in range(4):   # a connection each: the kernel spreads them over the workers (SO_REUSEPORT)
