@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from google.protobuf import message
@@ -56,9 +55,9 @@ TFS_MAX_FILL = 1 << 20                  # RS_CODEC_TFS_MAX_FILL (native/codec.h)
 _MAX_DIMS = 254                         # TensorShape::MaxDimensions()
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """A request's model_spec: version and version_label are None when not set. Immutable."""
+class ModelSpec(NamedTuple):
+    """A request's model_spec: version and version_label are None when not set. (Tuples:
+    made per request, cheaper than frozen dataclasses.)"""
 
     name: str
     version: int | None = None
@@ -66,8 +65,7 @@ class ModelSpec:
     signature_name: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TfsRequest:
+class TfsRequest(NamedTuple):
     """A PredictRequest: its model spec, and its inputs either parsed natively (`parsed`) or
     still to be decoded by `decoded()` (which raises RequestError naming the bad input)."""
 
