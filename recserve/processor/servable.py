@@ -282,9 +282,10 @@ class Servable:
         `decode`, by its layout's route when it has one; raises RecserveError. `start`: when
         decoding began (perf_counter_ns), for the trace. Any protocol whose parser gives
         ParsedRequests (EAS, TF Serving's gRPC) serves through here."""
-        # Routes serve in-process tables only: otherwise the parsed arrays go the general way.
-        routable = parsed is not None and self.placed is None and self.redis is None
-        route = self.routes.get(parsed.layout) or self._route(parsed) if routable else None  # type: ignore[union-attr]
+        route = None
+        if parsed is not None and self.placed is None and self.redis is None:
+            # Routes serve in-process tables only: otherwise the parsed arrays go the general way.
+            route = self.routes.get(parsed.layout) or self._route(parsed)
         if route is None:
             # Parsed but not routable: its arrays, not a second parse.
             request = decode() if parsed is None else codec.DecodedRequest(
@@ -294,6 +295,7 @@ class Servable:
                 request.inputs, request.output_filter, signature_name=request.signature_name or None, trace=trace
             )
         else:
+            assert parsed is not None   # a route is only ever found for a parsed request
             trace.add("decode", start)
             trace.batch_size = route.batch_size
             trace.model_version = self.version

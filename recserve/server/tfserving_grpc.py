@@ -156,14 +156,15 @@ class TfServingServices:
             target.method_name = PREDICT_METHOD
             for tensors, where in ((sig["inputs"], target.inputs), (sig["outputs"], target.outputs)):
                 for alias, t in tensors.items():
-                    where[alias].CopyFrom(pb.TensorInfo(
-                        name=t["name"], dtype=tfs.tf_dtype(t["dtype"]), tensor_shape=tfs.shape_proto(t["shape"])))
+                    info = where[alias]
+                    info.name, info.dtype = t["name"], tfs.tf_dtype(t["dtype"])
+                    info.tensor_shape.CopyFrom(tfs.shape_proto(t["shape"]))
         response = pb.GetModelMetadataResponse()
         response.model_spec.name = entry.name
         response.model_spec.version.value = number
         response.metadata["signature_def"].CopyFrom(
             any_pb2.Any(type_url=SIGNATURE_DEF_MAP_URL, value=defs.SerializeToString()))
-        return response.SerializeToString()
+        return bytes(response.SerializeToString())
 
     # -- ModelService ---------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ class TfServingServices:
                                      f"{[r.version for r in response.model_version_status]}")
             del response.model_version_status[:]
             response.model_version_status.extend(rows)
-        return response.SerializeToString()
+        return bytes(response.SerializeToString())
 
     # -- registration ---------------------------------------------------------------------
 
