@@ -112,7 +112,7 @@ def drain_under_load(url: str, body: bytes, stop: Callable[[], None], *,
     def run(keep_alive: bool) -> None:
         try:
             _client(host, port, parts.path, body, dict(headers or {}), keep_alive, counts, give_up)
-        except BaseException as exc:  # a client's bug must fail the caller, not vanish with its thread
+        except BaseException as exc:  # noqa: BLE001 -- a client's bug must fail the caller, not vanish with its thread
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(keep_alive,), daemon=True)
