@@ -32,7 +32,7 @@ RUN_OPTIONS = ["--runtime", "runc", "--ulimit", "nofile=16384:16384", "--ulimit"
 
 
 def _run(args: list[str], *, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
     # podman logs an error for every container with a HEALTHCHECK when systemd (which it
     # would time the checks with) is absent; the check itself still runs on request.
     result.stderr = "\n".join(line for line in result.stderr.splitlines() if "healthcheck" not in line)
@@ -58,7 +58,7 @@ def tools_problem() -> str | None:
 
 
 def base_image_name() -> str:
-    match = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    match = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
     if match is None:
         raise RuntimeError("the Dockerfile names no PYTHON_IMAGE")
     return match.group(1)

@@ -26,7 +26,16 @@ from recserve import Processor
 from recserve.export.demo import DemoModel
 from recserve.wire.codec import decode_response, encode_request
 from tests.image.containers import (
-    REPORT, RUN_OPTIONS, base_image_name, build, ensure_base, exec_in_image, image_size, layers, podman, tools_problem,
+    REPORT,
+    RUN_OPTIONS,
+    base_image_name,
+    build,
+    ensure_base,
+    exec_in_image,
+    image_size,
+    layers,
+    podman,
+    tools_problem,
 )
 
 TAG = "localhost/recserve:image-test"
@@ -205,7 +214,7 @@ def test_sigterm_drains_without_failed_requests(run_server):
         server = run_server("--config", "/models/demo/config.json", "--workers", workers)
         started = time.monotonic()
         result = drain_under_load(f"{server.url}/api/predict/demo", body,
-                                  lambda: podman("stop", "-t", "35", server.name))
+                                  lambda name=server.name: podman("stop", "-t", "35", name))
         seconds = time.monotonic() - started
         REPORT.append(f"stop {stop + 1} (--workers {workers}): {result.summary()}; {seconds:.1f} s under load")
         state = server.state()
