@@ -76,7 +76,7 @@ def _client(host: str, port: int, path: str, body: bytes, headers: dict[str, str
         try:
             conn.request("POST", path, body, headers)
             response = conn.getresponse()
-            response.read()
+            answer = response.read()
         except (OSError, http.client.HTTPException) as exc:
             with counts.lock:
                 counts.result.failed.append(f"{'kept-alive' if keep_alive else 'new'} connection: {exc!r}")
@@ -85,7 +85,7 @@ def _client(host: str, port: int, path: str, body: bytes, headers: dict[str, str
             continue
         if response.status != 200:
             with counts.lock:
-                counts.result.failed.append(f"status {response.status}")
+                counts.result.failed.append(f"status {response.status}: {answer[:200]!r}")
         else:
             counts.answered()
         last_said_close = response.will_close

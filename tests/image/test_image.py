@@ -42,7 +42,7 @@ TAG = "localhost/recserve:image-test"
 GPU_TAG = "localhost/recserve:image-test-gpu"
 MAX_ADDED_BYTES = 350 * 1000**2
 SERVICE_UID = "10001"
-DRAIN_STOPS = 3
+DRAIN_STOPS = int(os.environ.get("RECSERVE_IMAGE_STOPS", "3"))  # more for a measurement
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ def demo_dir(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("image-models")
     podman("run", "--rm", *RUN_OPTIONS, "--user", "0", "-v", f"{root}:/models", "--entrypoint", "recserve",
            images.cpu, "demo", "--out", "/models/demo")
+    config = json.loads((root / "demo" / "config.json").read_text())
+    (root / "drain.json").write_text(json.dumps({**config, "max_queue_ms": 10000}))
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return root
@@ -207,11 +209,14 @@ def test_size_and_contents(images):
 
 def test_sigterm_drains_without_failed_requests(run_server):
     """`podman stop -t 35` (SIGTERM, then SIGKILL after 35 s) while clients post in loops:
-    every request is answered until the port refuses connections; the server exits 0."""
+    every request is answered until the port refuses connections; the server exits 0.
+    Admission's queue limit is raised (drain.json): on this shared 2-core machine the
+    default 100 ms sheds a few requests with 503 whenever other jobs starve the server, stop
+    or not, and this test is about the stop."""
     body = encode_request(_inputs(16, 3))
     for stop in range(DRAIN_STOPS):
         workers = "2" if stop % 2 else "1"
-        server = run_server("--config", "/models/demo/config.json", "--workers", workers)
+        server = run_server("--config", "/models/drain.json", "--workers", workers)
         started = time.monotonic()
         result = drain_under_load(f"{server.url}/api/predict/demo", body,
                                   lambda name=server.name: podman("stop", "-t", "35", name))
