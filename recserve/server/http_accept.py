@@ -51,8 +51,11 @@ class GreedyListener:
         sock.setblocking(False)
         loop.add_reader(sock.fileno(), self._accept)
 
-    def _accept(self, limit: int | None = None) -> None:
-        for _ in range(self._batch if limit is None else limit):
+    def _accept(self) -> None:
+        self._take(self._batch)
+
+    def _take(self, limit: int) -> None:
+        for _ in range(limit):
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
@@ -88,7 +91,7 @@ class GreedyListener:
         self._closed = True
         self._loop.remove_reader(self._sock.fileno())
         try:
-            self._accept(limit=_BACKLOG_MAX)
+            self._take(_BACKLOG_MAX)
         finally:
             self._sock.close()
 
