@@ -48,6 +48,8 @@ def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.C
 
 def tools_problem() -> str | None:
     """Why containers cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root: rootful podman, and debootstrap for the stand-in base"
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         return f"not installed: {', '.join(missing)} (`make container-tools` installs them)"
