@@ -11,7 +11,7 @@
 # reports not ready, closes its ports and finishes the requests in flight for up to 30 s:
 # give the container longer than that before the kill (docker/podman `--stop-timeout 35`;
 # their default is 10 s; Kubernetes: terminationGracePeriodSeconds, deploy/kubernetes.yaml).
-# The root filesystem may be read-only: the server writes only to /tmp.
+# The root filesystem may be read-only: the server writes to /tmp and its home only.
 #
 # Versions come from deploy/constraints.txt (the same for both targets). Only the build
 # stages reach the package index (the runtime stages install from the wheels they made,
