@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: peers install native redis-server wrk clang serve test test-sanitize fuzz fuzz-merge bench proto docs clean
+.PHONY: peers install native redis-server wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -34,6 +34,11 @@ wrk:
 clang:
 	@echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' | clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends clang libclang-rt-dev; }
 
+# buildah, podman and runc build and run the image (tests/image); debootstrap makes a
+# stand-in for its base image where no registry is reachable.
+container-tools:
+	@command -v buildah >/dev/null && command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends buildah podman runc debootstrap uidmap netavark aardvark-dns iptables; }
+
 serve: install
 	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
 	$(BIN)/recserve serve --config .demo/config.json
@@ -41,6 +46,12 @@ serve: install
 # tests/fuzz/test_fuzz_corpus.py runs every fuzz target briefly on its checked-in corpus.
 test: install redis-server clang
 	$(BIN)/python -m pytest -q
+
+# The Dockerfile built with buildah and run with podman (tests/image/test_image.py): every
+# protocol, the user, the size, the SIGTERM drain. RECSERVE_IMAGE_GPU=1 builds the gpu
+# target too (~3 GB of CUDA wheels). Needs root (rootful podman).
+image-test: install container-tools
+	RECSERVE_IMAGE_TEST=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/image
 
 # The native-heavy tests against libraries built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (RELIABILITY.md), in a copy of the tree so the regular build
