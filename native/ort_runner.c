@@ -48,6 +48,8 @@ typedef struct {
     size_t n_inits;
     rs_session *sessions;
     size_t n_sessions, cap_sessions;
+    char **input_names;      /* session 0's graph inputs: a run that misses one is told which */
+    size_t n_input_names;
     atomic_uint_fast64_t turn;
     atomic_uint_fast32_t next_thread;
 } rs_runner;
@@ -186,6 +188,8 @@ RS_ORT_EXPORT void rs_ort_runner_free(void *handle) {
     }
     free(r->init_values);
     free(r->init_names);
+    for (size_t i = 0; i < r->n_input_names; i++) free(r->input_names[i]);
+    free(r->input_names);
     free(r->sessions);
     free(r);
 }
@@ -295,6 +299,36 @@ static int session_options(const rs_ort_session_spec *spec, rs_runner *r, rs_ses
     return RS_OK;
 }
 
+static int remember_inputs(rs_runner *r, char **err) {
+    size_t n = 0;
+    OrtAllocator *alloc = NULL;
+    ORT_TRY(g_api->SessionGetInputCount(r->sessions[0].session, &n), "graph inputs");
+    ORT_TRY(g_api->GetAllocatorWithDefaultOptions(&alloc), "no default allocator");
+    r->input_names = calloc(n ? n : 1, sizeof *r->input_names);
+    if (!r->input_names) return fail(err, RS_INTERNAL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        char *name = NULL;
+        ORT_TRY(g_api->SessionGetInputName(r->sessions[0].session, i, alloc, &name), "graph input name");
+        r->input_names[i] = strdup(name);
+        alloc->Free(alloc, name);
+        if (!r->input_names[i]) return fail(err, RS_INTERNAL, "out of memory");
+        r->n_input_names = i + 1;
+    }
+    return RS_OK;
+}
+
+/* ONNX Runtime runs a graph with an input missing until a node needs it, then fails with an
+ * internal error; recserve says which inputs are missing instead (a bad request). */
+static int missing_inputs(rs_runner *r, const rs_tensor_in *inputs, size_t n_inputs, char **err) {
+    char text[1024] = "";
+    for (size_t i = 0; i < r->n_input_names; i++) {
+        size_t k = 0;
+        while (k < n_inputs && strcmp(inputs[k].name, r->input_names[i]) != 0) k++;
+        if (k == n_inputs) append_text(text, sizeof text, "%s%s", text[0] ? ", " : "", r->input_names[i]);
+    }
+    return text[0] ? fail(err, RS_BAD_INPUT, "missing graph input(s): %s", text) : RS_OK;
+}
+
 RS_ORT_EXPORT int rs_ort_runner_add_session(void *handle, const void *model, size_t model_len,
                                             const rs_ort_session_spec *spec, char **err) {
     rs_runner *r = handle;
@@ -325,6 +359,7 @@ RS_ORT_EXPORT int rs_ort_runner_add_session(void *handle, const void *model, siz
     }
     g_api->ReleaseSessionOptions(options);
     if (rc == RS_OK) r->n_sessions++;
+    if (rc == RS_OK && r->n_sessions == 1) rc = remember_inputs(r, err);
     return rc;
 }
 
@@ -456,6 +491,7 @@ static int make_feed(const rs_tensor_in *in, OrtValue **value, char **err) {
 static int run_on(rs_runner *r, size_t index, const rs_tensor_in *inputs, size_t n_inputs,
                   const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs, char **err) {
     if (index >= r->n_sessions) return fail(err, RS_INTERNAL, "session %zu of %zu", index, r->n_sessions);
+    if (n_inputs < r->n_input_names && missing_inputs(r, inputs, n_inputs, err)) return RS_BAD_INPUT;
     OrtValue *stack_feeds[RS_STACK_FEEDS] = {0}, *stack_outs[RS_STACK_FEEDS] = {0};
     const char *stack_names[RS_STACK_FEEDS];
     OrtValue **feeds = stack_feeds, **outs = stack_outs;
