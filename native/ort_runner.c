@@ -536,6 +536,23 @@ RS_ORT_EXPORT int rs_ort_run_session(void *handle, size_t index, const rs_tensor
     return run_on(handle, index, inputs, n_inputs, output_names, n_outputs, outputs, err);
 }
 
+/* Python's entry (recserve.runtime.native_runner): index < 0 is rs_ort_dense_run (policy,
+ * pinning), else rs_ort_run_session; the descriptors come as one buffer, which ctypes fills
+ * far faster than an array of structures. */
+_Static_assert(sizeof(rs_tensor_in) == 5 * sizeof(int64_t), "rs_tensor_in is five 8-byte words");
+_Static_assert(offsetof(rs_tensor_in, data) == 4 * sizeof(int64_t), "rs_tensor_in is five 8-byte words");
+
+RS_ORT_EXPORT int rs_ort_dense_run(void *handle, const rs_tensor_in *inputs, size_t n_inputs,
+                                   const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
+                                   char **err);
+
+RS_ORT_EXPORT int rs_ort_run_any(void *handle, int64_t index, const void *inputs, size_t n_inputs,
+                                 const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
+                                 char **err) {
+    if (index < 0) return rs_ort_dense_run(handle, inputs, n_inputs, output_names, n_outputs, outputs, err);
+    return run_on(handle, (size_t)index, inputs, n_inputs, output_names, n_outputs, outputs, err);
+}
+
 /* MOD's key: the calling thread's number with this runner, in order of first call. */
 static uint32_t thread_number(rs_runner *r) {
     for (unsigned i = 0; i < RS_THREAD_SLOTS; i++)

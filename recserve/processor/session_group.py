@@ -25,8 +25,8 @@ import logging
 import os
 import tempfile
 import threading
-from types import SimpleNamespace
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -38,9 +38,9 @@ from recserve.errors import ConfigError, InternalError, ModelLoadError, RequestE
 from recserve.processor.batching import DynamicBatcher
 from recserve.processor.signature import GraphTensor
 from recserve.processor.trace import RequestTrace
+from recserve.runtime import native_runner
 from recserve.runtime.cpus import check_cpusets, pin_calling_thread
 from recserve.runtime.cuda_streams import CudaStreams
-from recserve.runtime import native_runner
 from recserve.runtime.input_concat import InputConcat, fold_input_concat
 from recserve.runtime.native_runner import NativeRunner
 from recserve.runtime.providers import DeviceSettings, ProviderList, check_providers, provider_list

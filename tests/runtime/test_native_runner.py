@@ -211,7 +211,7 @@ def test_policies_pick_sessions_as_session_policy_does(model: str) -> None:
 
 def test_the_seam_pointer_runs_the_graph(model: str) -> None:
     """What native callers do: call rs_dense_run_fn at dense_run_address with the handle."""
-    from recserve.runtime.native_runner import _err, _TensorIn, _TensorOut, _i64p
+    from recserve.runtime.native_runner import _err, _i64p, _TensorIn, _TensorOut
 
     runner = _runner(model, sessions=2)
     seam = ctypes.CFUNCTYPE(
