@@ -4,6 +4,7 @@ scales from one Python thread to two (issue 24, item 2)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
@@ -16,11 +17,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks.models import build_plain_dlrm
+from benchmarks.models import PlainDlrmModel, build_plain_dlrm
 from benchmarks.report import Row
+from recserve import Processor
 from recserve.runtime import native_runner
 from recserve.runtime.native_runner import NativeRunner
 from recserve.runtime.session_options import ThreadSettings, session_option_values
+from recserve.wire.codec import decode_response, encode_request
 
 SECONDS = 3.0
 NOTES = """Model: the plain DLRM-like ONNX file of bench_processor (26 Gathers on [40000, 16]
@@ -30,6 +33,13 @@ runner is the wheel's own libonnxruntime.so (dlopen'ed, OrtApi version 11) calle
 ctypes from Python, so its rows include the ctypes marshalling of 27 feeds per call; native
 callers (the request route) skip that. Latency/throughput rows alternate the two sides call
 by call (order swapped every call); outputs are checked equal first.
+
+Processor rows: `Processor.process` on the same model served with device placement (the
+26 Gathers go to the embedding engine, the Concat is folded: the dense run has 1 input),
+its dense run on the C API runner vs on the Python binding's sessions
+(RECSERVE_NATIVE_DENSE=0: the path before the C API runner), alternating call by call.
+Requests after the first of their layout take the Python route path; the native route
+(issue 24 item 1) is not in these numbers.
 
 Thread rows: each thread calls back to back for 3 s with its own pre-built requests; the C
 API runner has 2 sessions (RR), the Python binding 2 sessions (one per thread). The
@@ -93,6 +103,38 @@ def _thread_row(path: str, reqs: list[dict[str, np.ndarray]], batch: int) -> Row
     )
 
 
+def _processor_rows(model: PlainDlrmModel, rng: np.random.Generator) -> list[Row]:
+    """Processor.process with its dense run on the C API runner vs on Python sessions
+    (RECSERVE_NATIVE_DENSE=0, the path before this change), alternating call by call."""
+    processors = {}
+    for native in ("1", "0"):
+        os.environ["RECSERVE_NATIVE_DENSE"] = native
+        processors[native] = Processor(model.config(intra_op_parallelism_threads=1))
+    os.environ.pop("RECSERVE_NATIVE_DENSE")
+    rows = []
+    try:
+        for batch, rounds in ((1, 3000), (64, 400), (512, 60)):
+            payloads = [encode_request(model.sample(batch, rng)) for _ in range(8)]
+            for payload in payloads:
+                outs = [decode_response(p.process(payload)[1])["prob"] for p in processors.values()]
+                assert np.array_equal(outs[0], outs[1])
+            times: dict[str, list[float]] = {"1": [], "0": []}
+            for k in range(rounds):
+                for key in ("1", "0") if k % 2 else ("0", "1"):
+                    t0 = time.perf_counter()
+                    processors[key].process(payloads[k % len(payloads)])
+                    times[key].append(time.perf_counter() - t0)
+            native, python = (statistics.median(times[k]) * 1e6 for k in ("1", "0"))
+            rows.append(Row(
+                f"Processor.process, plain model with placement (1 dense input), batch {batch} (p50)",
+                f"C API runner {native:.0f} us", f"Python sessions {python:.0f} us", python / native,
+            ))
+    finally:
+        for p in processors.values():
+            p.close()
+    return rows
+
+
 def run() -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="recserve-bench-native-"))
     rows: list[Row] = []
@@ -126,6 +168,7 @@ def run() -> list[Row]:
             ))
         runner.close()
         rows += [_thread_row(path, [model.sample(batch, rng) for _ in range(2)], batch) for batch in (1, 64)]
+        rows += _processor_rows(model, rng)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows

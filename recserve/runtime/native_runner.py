@@ -141,13 +141,15 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [ctypes.c_void_p, ctypes.c_size_t, _TensorInP, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
          ctypes.c_size_t, _TensorOutP, _err],
     ),
+    # Python's hot path: the outputs and error slot go as addresses (ints convert to c_void_p
+    # several times faster than ctypes arrays convert to typed pointers).
     "rs_ort_run_any": (
         ctypes.c_int,
         [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
-         ctypes.c_size_t, _TensorOutP, _err],
+         ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p],
     ),
+    "rs_ort_free_outputs": (None, [ctypes.c_void_p, ctypes.c_size_t]),
     "rs_ort_pick_session": (ctypes.c_size_t, [ctypes.c_void_p]),
-    "rs_ort_free_outputs": (None, [_TensorOutP, ctypes.c_size_t]),
     "rs_ort_free_error": (None, [ctypes.c_void_p]),
     "rs_ort_runner_free": (None, [ctypes.c_void_p]),
 }
@@ -246,8 +248,22 @@ class _Scratch:
     def __init__(self, size: int) -> None:
         self.outs = (_TensorOut * size)()
         self.words = np.frombuffer(self.outs, np.int64).reshape(size, ctypes.sizeof(_TensorOut) // 8)
+        self.outs_at = ctypes.addressof(self.outs)
         self.err = ctypes.c_char_p()
-        self.err_ref = ctypes.byref(self.err)
+        self.err_at = ctypes.addressof(self.err)
+
+
+_Byte = ctypes.c_char
+
+
+def _address(array: np.ndarray) -> int:
+    """Where `array`'s data starts. A ctypes view of the buffer says it ~4x faster than
+    numpy's __array_interface__ (0.6 vs 2.5 us), which matters once per feed per run;
+    read-only or empty arrays take the slow way."""
+    try:
+        return ctypes.addressof(_Byte.from_buffer(array))
+    except (TypeError, ValueError):
+        return int(array.__array_interface__["data"][0])
 
 
 def _strings(values: Sequence[str]) -> Any:
@@ -413,7 +429,7 @@ class NativeRunner:
                     f"feeds {', '.join(sorted(str(d) for d in _ELEM_TYPES))}"
                 )
             arrays.append(array)
-            words += (self._name(name), code, len(dims), array.ndim, array.__array_interface__["data"][0])
+            words += (self._name(name), code, len(dims), array.ndim, _address(array))
             dims += array.shape
         count = len(arrays)
         packed = array_module.array("q", words + dims or [0])
@@ -421,7 +437,7 @@ class NativeRunner:
         n_out = len(output_names)
         scratch = self._scratch(n_out)
         status = _lib.rs_ort_run_any(
-            self.handle, index, base, count, self._output_names(output_names), n_out, scratch.outs, scratch.err_ref
+            self.handle, index, base, count, self._output_names(output_names), n_out, scratch.outs_at, scratch.err_at
         )
         del arrays, packed  # the run has returned: ONNX Runtime no longer reads the feeds
         if status == 400:
@@ -434,11 +450,11 @@ class NativeRunner:
             for row in scratch.words[:n_out].tolist():
                 array = np.empty(tuple(row[1 : 1 + row[9]]), _DTYPES[row[0] & 0xFFFFFFFF])
                 if row[11]:
-                    ctypes.memmove(array.__array_interface__["data"][0], row[10], row[11])
+                    ctypes.memmove(_address(array), row[10], row[11])
                 results.append(array)
             return results
         finally:
-            _lib.rs_ort_free_outputs(scratch.outs, n_out)
+            _lib.rs_ort_free_outputs(scratch.outs_at, n_out)
 
     def _scratch(self, n_out: int) -> _Scratch:
         """This thread's output descriptors (reused: each run's outputs are copied out before it returns)."""
