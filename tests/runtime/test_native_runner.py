@@ -360,6 +360,7 @@ def test_sessions_share_weights_so_memory_does_not_grow_with_session_num(tmp_pat
     python_1, python_4 = grown("group", 1, native=False), grown("group", 4, native=False)
     plain_1, plain_4 = grown("plain", 1), grown("plain", 4)
     report = f"MiB grown: native {native_1:.0f}->{native_4:.0f}, python {python_1:.0f}->{python_4:.0f}, plain {plain_1:.0f}->{plain_4:.0f}"
+    print(report)
     assert plain_4 - plain_1 > 2 * 64, report  # the measure sees copies
     assert native_4 - native_1 < 0.25 * 64, report
     assert native_4 < python_4 + 32, report  # not more than the Python sessions that share the same way
