@@ -470,4 +470,7 @@ class NativeRunner:
             self._handle = None
 
     def __del__(self) -> None:
-        self.close()
+        # At interpreter exit the module's globals may be gone already; the process is
+        # ending, so the sessions need no release then.
+        if _lib is not None:
+            self.close()
