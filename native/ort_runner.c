@@ -596,6 +596,11 @@ static size_t pick(rs_runner *r) {
 
 RS_ORT_EXPORT size_t rs_ort_pick_session(void *handle) { return pick(handle); }
 
+RS_ORT_EXPORT long rs_ort_session_in_flight(void *handle, size_t index) {
+    rs_runner *r = handle;
+    return index < r->n_sessions ? atomic_load(&r->sessions[index].in_flight) : -1;
+}
+
 RS_ORT_EXPORT int rs_ort_dense_run(void *handle, const rs_tensor_in *inputs, size_t n_inputs,
                                    const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
                                    char **err) {

@@ -102,6 +102,8 @@ RS_ORT_EXPORT int rs_ort_run_any(void *runner, int64_t index, const int64_t *pac
                                  char **err);
 /* Session index the policy would pick for the calling thread next (tests; consumes an RR turn). */
 RS_ORT_EXPORT size_t rs_ort_pick_session(void *runner);
+/* Runs in progress on session `index` through rs_ort_dense_run (-1: no such session). */
+RS_ORT_EXPORT long rs_ort_session_in_flight(void *runner, size_t index);
 RS_ORT_EXPORT void rs_ort_free_outputs(rs_tensor_out *outputs, size_t n);
 RS_ORT_EXPORT void rs_ort_free_error(char *err);
 RS_ORT_EXPORT void rs_ort_runner_free(void *runner);

@@ -150,6 +150,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
     "rs_ort_free_outputs": (None, [ctypes.c_void_p, ctypes.c_size_t]),
     "rs_ort_pick_session": (ctypes.c_size_t, [ctypes.c_void_p]),
+    "rs_ort_session_in_flight": (ctypes.c_long, [ctypes.c_void_p, ctypes.c_size_t]),
     "rs_ort_free_error": (None, [ctypes.c_void_p]),
     "rs_ort_runner_free": (None, [ctypes.c_void_p]),
 }
@@ -353,6 +354,10 @@ class NativeRunner:
         )
         if status:
             raise ModelLoadError(f"onnxruntime cannot load {where or 'the model'}: {_take_error(err)}")
+
+    def in_flight(self, index: int) -> int:
+        """Runs in progress on session `index` that the runner's policy placed (`run`, the seam)."""
+        return int(_lib.rs_ort_session_in_flight(self.handle, index))
 
     def providers(self, index: int) -> tuple[list[str], str]:
         """Session `index`'s providers in priority order, and ONNX Runtime's messages for
