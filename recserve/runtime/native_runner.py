@@ -78,14 +78,9 @@ class _TensorOut(ctypes.Structure):
 
 
 class _Initializer(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char_p),
-        ("elem_type", ctypes.c_int32),
-        ("shape", _i64p),
-        ("rank", ctypes.c_size_t),
-        ("data", ctypes.c_void_p),
-        ("bytes", ctypes.c_size_t),
-    ]
+    """rs_ort_initializer: an rs_tensor_in and its size in bytes."""
+
+    _fields_ = [*_TensorIn._fields_, ("bytes", ctypes.c_size_t)]
 
 
 class _SessionSpec(ctypes.Structure):
