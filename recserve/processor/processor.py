@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,10 @@ from recserve.runtime.placement import PlacedModel, place_embeddings
 from recserve.runtime.threads import apply_thread_environment
 from recserve.warmup import Warmup
 from recserve.wire import codec
+
+if TYPE_CHECKING:
+    from recserve.wire._codec_native import ParsedRequest
+    from recserve.wire.codec import DecodedRequest
 
 __all__ = ["Processor"]
 
@@ -174,6 +178,19 @@ class Processor:
                 log.exception("model %r: predict failed", self.model_name)
                 raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
 
+    def serve(self, parsed: ParsedRequest | None, decode: Callable[[], DecodedRequest],
+              trace: RequestTrace) -> dict[str, np.ndarray]:
+        """Outputs of a request another protocol parsed (Servable.serve); raises RecserveError."""
+        start = time.perf_counter_ns()
+        with self._manager.acquire() as servable:
+            try:
+                return servable.serve(parsed, decode, trace, start)
+            except RecserveError:
+                raise
+            except Exception as exc:
+                log.exception("model %r: serve failed", self.model_name)
+                raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
+
     def process(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
         """(200, PredictResponse bytes) or (status, UTF-8 message). Never raises."""
         trace = trace or RequestTrace()
@@ -193,6 +210,13 @@ class Processor:
     def signature_info(self, signature_name: str | None = None) -> dict[str, Any]:
         with self._manager.acquire() as servable:
             return servable.signature(signature_name).describe()
+
+    def signature_infos(self) -> dict[str, dict[str, Any]]:
+        """Every signature's `signature_info`, by name, the default signature first."""
+        with self._manager.acquire() as servable:
+            default = servable.default_signature
+            names = [default, *sorted(n for n in servable.signatures if n != default)]
+            return {name: servable.signatures[name].describe() for name in names}
 
     def model_info(self) -> dict[str, Any]:
         # Leased: a swap may retire this servable meanwhile, and its tables are freed

@@ -271,16 +271,32 @@ class Servable:
         native parser takes are served by their layout's route (in-process tables only)."""
         start = time.perf_counter_ns()
         parsed = codec.parse_request(data) if self.placed is None and self.redis is None else None
-        route = None if parsed is None else self.routes.get(parsed.layout) or self._route(parsed)
+        outputs = self.serve(parsed, lambda: codec.decode_request(data), trace, start)
+        start = time.perf_counter_ns()
+        response = codec.encode_response(outputs)
+        trace.add("encode", start)
+        return response
+
+    def serve(self, parsed: ParsedRequest | None, decode: Callable[[], codec.DecodedRequest], trace: RequestTrace,
+              start: int) -> dict[str, np.ndarray]:
+        """The outputs of a request parsed natively (`parsed`, consumed) or else decoded by
+        `decode`, by its layout's route when it has one; raises RecserveError. `start`: when
+        decoding began (perf_counter_ns), for the trace. Any protocol whose parser gives
+        ParsedRequests (EAS, TF Serving's gRPC) serves through here."""
+        route = None
+        if parsed is not None and self.placed is None and self.redis is None:
+            # Routes serve in-process tables only: otherwise the parsed arrays go the general way.
+            route = self.routes.get(parsed.layout) or self._route(parsed)
         if route is None:
             # Parsed but not routable: its arrays, not a second parse.
-            request = codec.decode_request(data) if parsed is None else codec.DecodedRequest(
+            request = decode() if parsed is None else codec.DecodedRequest(
                 parsed.recipe.signature_name, parsed.inputs(), parsed.recipe.output_filter)
             trace.add("decode", start)
             outputs = self.predict(
                 request.inputs, request.output_filter, signature_name=request.signature_name or None, trace=trace
             )
         else:
+            assert parsed is not None   # a route is only ever found for a parsed request
             trace.add("decode", start)
             trace.batch_size = route.batch_size
             trace.model_version = self.version
@@ -291,10 +307,7 @@ class Servable:
             start = time.perf_counter_ns()
             outputs = dict(zip(route.output_keys, self.sessions.run(route.output_names, feeds, trace=trace)))
             trace.add("run", start)
-        start = time.perf_counter_ns()
-        response = codec.encode_response(outputs)
-        trace.add("encode", start)
-        return response
+        return outputs
 
     _MAX_ROUTES = 1024
 

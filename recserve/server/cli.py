@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     serve = sub.add_parser("serve", help="serve the models of a DeepRec/EAS JSON config over HTTP and gRPC")
     serve.add_argument("--config", required=True, help="path of the JSON config")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default=os.environ.get("RECSERVE_HOST", "127.0.0.1"),
+                       help="address to listen on (default 127.0.0.1; env RECSERVE_HOST: the image sets 0.0.0.0)")
     serve.add_argument("--http-port", type=int, default=8080)
     serve.add_argument("--grpc-port", type=int, default=8500)
     serve.add_argument("--workers", default=os.environ.get("RECSERVE_WORKERS", "1"),
