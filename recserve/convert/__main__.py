@@ -5,6 +5,7 @@ reason on stderr as `recserve: ...`), MISSING_EXTRA when TensorFlow or tf2onnx i
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 
@@ -19,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signature", default=None)
     parser.add_argument("--check", type=int, default=0)
     args = parser.parse_args(argv)
+    if os.path.lexists(args.out_dir):
+        print(f"recserve: {args.out_dir} already exists; recserve convert writes a new directory", file=sys.stderr)
+        return 2
     try:
         import tensorflow  # noqa: F401
         import tf2onnx  # noqa: F401
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             report = check_parity(args.savedmodel_dir, args.out_dir, conversion.signature, args.check)
             print(report.summary())
     except RecserveError as exc:
-        shutil.rmtree(args.out_dir, ignore_errors=True)  # a refused conversion leaves nothing to serve
+        shutil.rmtree(args.out_dir, ignore_errors=True)  # ours (it did not exist): a refused conversion leaves nothing
         print(f"recserve: {exc.message}", file=sys.stderr)
         return 2
     for warning in conversion.warnings:

@@ -162,6 +162,10 @@ def test_recserve_convert_checks_parity_and_its_output_serves_without_tensorflow
     line = next(s for s in report.splitlines() if s.startswith("parity: 60 requests"))
     assert float(line.rsplit("= ", 1)[1]) <= TOLERANCE, report
     assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.onnx", "variables"]
+    # An existing OUT_DIR is refused and left as it was.
+    assert cli_main(["convert", str(tf_model / "savedmodel"), str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.onnx", "variables"]
     batches = requests(5, 3, 31)
     want = tf_predict(tf_model / "savedmodel", batches, tmp_path)
     np.savez(tmp_path / "req.npz", **{f"{i}/{k}": v for i, b in enumerate(batches) for k, v in b.items()})
