@@ -114,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     except RecserveError as exc:
         print(f"recserve: {exc.message}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise
+        print(f"recserve: {exc}", file=sys.stderr)  # names the extra to install (recserve.runtime)
+        return 2
 
 
 if __name__ == "__main__":
