@@ -15,7 +15,7 @@ def _without_onnxruntime(tmp_path: Path, *args: str) -> subprocess.CompletedProc
     (tmp_path / "onnxruntime.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'onnxruntime'\", name='onnxruntime')\n")
     repo = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
                           env={"PYTHONPATH": f"{tmp_path}:{repo}", "PATH": "/usr/bin:/bin"})
 
 
