@@ -59,6 +59,9 @@ def test_savedmodel_serves_within_1e5_of_tensorflow(tf_model, tmp_path):
     batches = _batches(11)
     assert any(str(w).startswith("w") for b in batches for w in b["city"])  # strings TF never saw in training
     want = tf_predict(tf_model / "savedmodel", batches, tmp_path)
+    # Other test modules of this process may have imported TensorFlow already (then only
+    # test_recserve_convert_checks_parity_and_its_output_serves_without_tensorflow shows it).
+    had_tensorflow = "tensorflow" in sys.modules
     processor = Processor(_config(tf_model))
     try:
         assert _worst(processor, batches, want) <= TOLERANCE
@@ -80,7 +83,7 @@ def test_savedmodel_serves_within_1e5_of_tensorflow(tf_model, tmp_path):
             name: dim for name, (_, dim) in TABLES.items()}
     finally:
         processor.close()
-    assert "tensorflow" not in sys.modules  # converted in a subprocess; served without it
+    assert had_tensorflow or "tensorflow" not in sys.modules  # converted in a subprocess; served without it
 
 
 def _copy_version(source: Path, target: Path) -> None:

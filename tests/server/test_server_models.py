@@ -39,7 +39,12 @@ def test_models_readiness_and_admin_pin(launch, tmp_path, demo, demo_processor):
     body = encode_request(inputs)
     version_1 = demo_processor.predict(inputs)
 
-    # recall waits for its first version: the server is live, not ready.
+    # ranker loads on its own (a loaded machine may take a while); recall waits for its first
+    # version: the server is live, not ready.
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{url}/v2/models/ranker/ready").status_code != 200:
+        assert time.monotonic() < deadline, "ranker was not ready within 120 s"
+        time.sleep(0.1)
     ready = httpx.get(f"{url}/v2/health/ready")
     assert ready.status_code == 503 and ready.json() == {"error": "models recall are not ready"}
     waiting = httpx.post(f"{url}/api/predict/svc/recall", content=body)
