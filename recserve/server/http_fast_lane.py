@@ -18,6 +18,7 @@ Event loop only.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HIGH_WATER_LIMIT
@@ -28,9 +29,10 @@ from recserve.server import kserve
 from recserve.server.admission import OverloadedError
 from recserve.server.context import ServerContext
 from recserve.server.http_common import TIMEOUT_HEADER, deadline_from, dispatch_inline, error_response
-from recserve.server.http_predict_routes import PredictCall, match, predict_call
+from recserve.server.http_predict_routes import eas_response, match, predict_call
+from recserve.server.registry import ModelEntry
 
-__all__ = ["FastLane"]
+__all__ = ["PENDING", "FastLane", "Pending"]
 
 log = logging.getLogger("recserve.server")
 
@@ -41,24 +43,27 @@ _HEADER_LENGTH = kserve.HEADER_LENGTH.encode()
 _ELSEWHERE = frozenset((b"content-encoding", b"transfer-encoding", b"expect"))
 
 
+class Pending:
+    """The type of PENDING: an answer still to come."""
+
+
+PENDING = Pending()
+
+
 class FastLane:
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
 
-    def _refusal(self, call: PredictCall, arrived: float, deadline: float | None) -> Response | None:
+    def _refusal(self, entry: ModelEntry, route: str, arrived: float, deadline: float | None) -> Response | None:
         """The 503 for a request that already waited past its model's max_queue_ms or its
         deadline on a busy loop, or whose model's wait is full, refused before anything else
         is done for it: under overload refusals are many, and each costs the requests that
         are admitted (one refused here costs a fraction of one refused on the ASGI route)."""
         try:
-            entry = call.find()
-        except RecserveError:
-            return None  # an unknown model: the dispatcher answers it, and counts it
-        try:
             entry.admission.check_wait(arrived, deadline)
             entry.admission.check_room()
         except OverloadedError as exc:
-            self._ctx.metrics.observe(entry.name, call.route, exc.status, 0.0, RequestTrace())
+            self._ctx.metrics.observe(entry.name, route, exc.status, 0.0, RequestTrace())
             return error_response(exc.status, exc.message)
         return None
 
@@ -86,9 +91,11 @@ class FastLane:
         log.debug("POST %s: the client went away before the answer", path)
 
     def answer(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes, arrived: float,
-               ) -> Response | None:
-        """The answer to a request `wants` took, or None when it must take the ASGI route;
-        `arrived`: when it was whole, at the latest (time.monotonic() clock)."""
+               reply: Callable[[Response], None]) -> Response | Pending | None:
+        """The answer to a request `wants` took; PENDING when it waits to be merged with
+        others (recserve.server.merging), and `reply` is called with its answer later, on the
+        loop; None when it must take the ASGI route. `arrived`: when it was whole, at the
+        latest (time.monotonic() clock)."""
         route = match(path)
         if route is None:
             return None
@@ -103,9 +110,18 @@ class FastLane:
                     timeout = value.decode("latin-1")
             call = predict_call(ctx, kind, names, body, header_length)
             deadline = deadline_from(timeout, arrived)
-            refusal = self._refusal(call, arrived, deadline)
-            if refusal is not None:
-                return refusal
+            try:
+                entry = call.find()
+            except RecserveError:
+                entry = None  # an unknown model: the dispatcher answers it, and counts it
+            if entry is not None:
+                refusal = self._refusal(entry, call.route, arrived, deadline)
+                if refusal is not None:
+                    return refusal
+                if kind == "eas" and body and ctx.merger.merges(entry):
+                    ctx.merger.add(entry, body, arrived, deadline,
+                                   lambda outcome, trace: reply(eas_response(outcome, trace)))
+                    return PENDING
             if not ctx.inline.inline(call.model, len(body)):
                 return None  # admitted so far: its turn comes on a worker thread, via ASGI
             return call.respond(dispatch_inline(ctx, call.route, call.model, call.find, call.handler,

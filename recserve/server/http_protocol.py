@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
+from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from recserve.server.http_common import RECEIVED_KEY
-from recserve.server.http_fast_lane import FastLane
+from recserve.server.http_fast_lane import FastLane, Pending
 
 __all__ = ["ConnectionLimits", "guarded_protocol"]
 
@@ -131,9 +132,17 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
                 self._answer_fast(cycle, fast_lane)
 
         def _answer_fast(self, cycle: RequestResponseCycle, lane: FastLane) -> None:
-            response = lane.answer(cycle.scope["path"], self.headers, cycle.body, self._batch)
+            response = lane.answer(cycle.scope["path"], self.headers, cycle.body, self._batch,
+                                   lambda later: self._write_fast(cycle, later))
             if response is None:
                 super()._start_asgi_task(cycle, self.app)
+            elif not isinstance(response, Pending):
+                self._write_fast(cycle, response)
+
+        def _write_fast(self, cycle: RequestResponseCycle, response: Response) -> None:
+            if self.transport.is_closing():  # the client went away while its request waited
+                if fast_lane is not None:
+                    fast_lane.gone(cycle.scope["path"])
                 return
             content = [STATUS_LINE[response.status_code]]
             for name, value in (*self.server_state.default_headers, *response.raw_headers):

@@ -52,6 +52,9 @@ class ServerMetrics:
                            "CPU time of the thread serving each request from its model's lease to its answer "
                            "(decode, lookup, run, encode; not reading the request or writing the answer, and "
                            "not ONNX Runtime's own intra-op threads).", ["model", "route"], registry=self.registry)
+        self.merged_requests = Counter("recserve_merged_requests",
+                                       "Requests that ran in one ONNX Runtime run with others (request merging).",
+                                       ["model"], registry=self.registry)
         self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
                                  ["model", "result"], registry=self.registry)
         self.http_timeouts = Counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "

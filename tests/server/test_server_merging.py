@@ -1,0 +1,101 @@
+"""Request merging in `recserve serve` (recserve.server.merging): EAS predictions sent at the
+same moment run as one batch, every caller gets byte for byte its unmerged answer, a
+malformed request fails alone, and deadlines stay per request; on the event loop and on
+worker threads, over real sockets."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from recserve.wire.codec import encode_request
+
+# Requests wait up to this long for others: every request of a test is sent well within it,
+# so they merge whatever the machine's load (the test asserts on the counter, not on time).
+WAIT_MICROS = 400_000
+MERGE_WAIT = {"max_batch_size": 64, "batch_timeout_micros": WAIT_MICROS, "max_queue_ms": 5_000}
+
+
+def _merged_count(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.search(r'^recserve_merged_requests_total\{model="default"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _post_together(url: str, bodies: list[bytes], headers: list[dict[str, str]] | None = None) -> list[httpx.Response]:
+    """Every body posted at once, one connection each."""
+    start = threading.Barrier(len(bodies), timeout=30)
+
+    def post(i: int) -> httpx.Response:
+        with httpx.Client(timeout=30) as client:
+            start.wait()
+            return client.post(f"{url}/api/predict/default", content=bodies[i],
+                               headers=headers[i] if headers else None)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(post, range(len(bodies))))
+
+
+@pytest.mark.parametrize("inline_max_ms", ["1", "0"], ids=["on-the-loop", "on-worker-threads"])
+def test_merged_callers_get_exactly_their_unmerged_answers(launch, demo, demo_processor, inline_max_ms) -> None:
+    config = json.loads(demo.config_path.read_text()) | MERGE_WAIT
+    server = launch(config, env={"RECSERVE_INLINE_MAX_MS": inline_max_ms})
+    rng = np.random.default_rng(4)
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (1, 4, 1, 2, 7, 1, 3, 1)]
+    bodies.insert(4, encode_request(demo.sample_inputs(2, rng), signature_name="no_such_signature"))
+    before = _merged_count(server.url)
+    answers = _post_together(server.url, bodies)
+    for body, answer in zip(bodies, answers):
+        status, want = demo_processor.process(body)
+        assert answer.status_code == status
+        if status == 200:
+            assert answer.content == want
+            assert answer.headers["content-type"] == "application/octet-stream"
+            assert answer.headers["x-recserve-model-version"]
+        else:
+            assert answer.json() == {"error": want.decode()}
+    assert answers[4].status_code == 400 and "no_such_signature" in answers[4].json()["error"]
+    assert _merged_count(server.url) - before >= 2  # at least one run held two requests or more
+
+
+def test_a_deadline_passed_while_waiting_to_merge_fails_only_that_request(launch, demo, demo_processor) -> None:
+    config = json.loads(demo.config_path.read_text()) | MERGE_WAIT
+    server = launch(config)
+    rng = np.random.default_rng(8)
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (2, 1, 3)]
+    # The middle request's deadline passes long before the merge's wait ends.
+    headers = [{}, {"X-Request-Timeout-Ms": "20"}, {}]
+    answers = _post_together(server.url, bodies, headers)
+    assert [a.status_code for a in answers] == [200, 503, 200]
+    assert answers[1].headers["retry-after"] == "1" and "deadline passed" in answers[1].json()["error"]
+    assert answers[0].content == demo_processor.process(bodies[0])[1]
+    assert answers[2].content == demo_processor.process(bodies[2])[1]
+
+
+def test_without_a_wait_an_idle_server_answers_at_once_and_pipelining_keeps_order(launch, demo, demo_processor) -> None:
+    """batch_timeout_micros 0: nothing waits for company; requests pipelined in one write are
+    answered in order (each waits for the one before it on its connection)."""
+    import socket
+
+    from tests.server.test_server_fast_lane import _read_response, _request
+
+    config = json.loads(demo.config_path.read_text()) | {"max_batch_size": 64, "batch_timeout_micros": 0}
+    server = launch(config)
+    rng = np.random.default_rng(9)
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (1, 3, 2)]
+    url = f"{server.url}/api/predict/default"
+    for body in bodies:
+        answer = httpx.post(url, content=body, timeout=30)
+        assert answer.status_code == 200 and answer.content == demo_processor.process(body)[1]
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(b"".join(_request(b) for b in bodies))
+        rest = b""
+        for body in bodies:
+            head, got, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and got == demo_processor.process(body)[1]
