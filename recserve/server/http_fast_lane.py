@@ -29,7 +29,7 @@ from recserve.server import kserve
 from recserve.server.admission import OverloadedError
 from recserve.server.context import ServerContext
 from recserve.server.http_common import TIMEOUT_HEADER, deadline_from, dispatch_inline, error_response
-from recserve.server.http_predict_routes import eas_response, match, predict_call
+from recserve.server.http_predict_routes import eas_response, match, predict_call, route_model
 from recserve.server.registry import ModelEntry
 
 __all__ = ["PENDING", "FastLane", "Pending"]
@@ -49,10 +49,14 @@ class Pending:
 
 PENDING = Pending()
 
+# Refusals have no trace: nothing of theirs ran (shared, never written to).
+_NO_TRACE = RequestTrace()
+
 
 class FastLane:
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
+        self._refusals: dict[str, tuple[ModelEntry, bytes]] = {}  # model -> its full-wait 503
 
     def _refusal(self, entry: ModelEntry, route: str, arrived: float, deadline: float | None) -> Response | None:
         """The 503 for a request that already waited past its model's max_queue_ms or its
@@ -66,6 +70,34 @@ class FastLane:
             self._ctx.metrics.observe(entry.name, route, exc.status, 0.0, RequestTrace())
             return error_response(exc.status, exc.message)
         return None
+
+    def full_wait_refusal(self, path: str) -> bytes | None:
+        """For a request `wants` took, as its headers arrive: the headers after the status line
+        and the body of its 503 when its model's wait is full, else None. Refused before its
+        body is read or anything is decoded (~100 us of CPU a refusal when it was read and
+        parsed first); the bytes are built once per model: a full wait always reads the
+        same (the count waiting is then the maximum)."""
+        route = match(path)
+        if route is None:
+            return None
+        kind, names = route
+        entries = self._ctx.models.entries
+        entry = entries.get(route_model(kind, names)) if kind == "kserve" or len(names) > 1 else (
+            entries.get(names[0]) or (next(iter(entries.values())) if len(entries) == 1 else None))
+        if entry is None or entry.admission.waiting < entry.admission.max_waiting:
+            return None
+        self._ctx.metrics.observe(entry.name, kind, 503, 0.0, _NO_TRACE)
+        refusal = self._refusals.get(entry.name)
+        if refusal is None or refusal[0] is not entry:
+            try:
+                entry.admission.check_room()
+            except OverloadedError as exc:
+                response = error_response(exc.status, exc.message)
+            else:
+                return None  # a place was given back meanwhile
+            head = b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers)
+            refusal = self._refusals[entry.name] = (entry, head + b"connection: close\r\n\r\n" + response.body)
+        return refusal[1]
 
     def wants(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> bool:
         """Whether to hold the request's body for `answer` (headers: lower-case names)."""

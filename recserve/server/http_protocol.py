@@ -77,8 +77,11 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
         _in_headers = False
         _held: RequestResponseCycle | None = None  # a request the fast lane took, body gathering
         _batch = 0.0  # IoBatchClock.mark() of the read being parsed
+        _discarding = False  # a refusal was answered: what the client still sends is dropped
 
         def data_received(self, data: bytes) -> None:
+            if self._discarding:
+                return  # the rest of a refused request's body (see _refuse)
             self._batch = clock.mark(self.loop)
             super().data_received(data)
 
@@ -98,6 +101,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
+            if self._discarding:
+                return  # parsed in the same read as a refused request (see _refuse): dropped
             # A request pipelined behind one the fast lane answered within the same read:
             # the keep-alive timer that answer armed must not run during this one.
             self._unset_keepalive_if_required()
@@ -105,23 +110,53 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             self._arm(limits.header_seconds, header_timeouts)
 
         def on_headers_complete(self) -> None:
+            if self._discarding:
+                return
             self._disarm()
             self._in_headers = True
             try:
                 super().on_headers_complete()
             finally:
                 self._in_headers = False
-            if self.cycle is not None and self.cycle.more_body:
+            if self.cycle is not None and self.cycle.more_body and not self._discarding:
                 self._arm(limits.body_seconds, body_timeouts)
 
         def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
             if (fast_lane is not None and self._in_headers and app is self.app
                     and fast_lane.wants(cycle.scope["method"], cycle.scope["path"], self.headers)):
-                self._held = cycle
+                refusal = fast_lane.full_wait_refusal(cycle.scope["path"])
+                if refusal is None:
+                    self._held = cycle
+                else:
+                    self._refuse(cycle, refusal)
                 return
             super()._start_asgi_task(cycle, app)
 
+        def _refuse(self, cycle: RequestResponseCycle, refusal: bytes) -> None:
+            """Answer 503 before the body is read, and close: the body that follows is
+            dropped unparsed (see data_received) until the client closes too."""
+            head = [STATUS_LINE[503]]
+            for name, value in self.server_state.default_headers:
+                head.extend((name, b": ", value, b"\r\n"))
+            head.append(refusal)
+            self.transport.write(b"".join(head))
+            cycle.response_started = cycle.response_complete = True
+            cycle.keep_alive = False
+            self._discarding = True
+            self._disarm()
+            self.server_state.total_requests += 1
+            if self.transport.can_write_eof():
+                # Half-close: the client reads the answer to its end. Closing outright with
+                # its body unread in our socket would send a reset, which may destroy the
+                # answer in the client's buffer before it is read.
+                self.transport.write_eof()
+                self._arm(limits.body_seconds, None)
+            else:
+                self.transport.close()
+
         def on_message_complete(self) -> None:
+            if self._discarding:
+                return
             self._disarm()
             if self.cycle is not None:
                 # Admission counts a request's wait from here (http_common.received_at).
@@ -168,8 +203,9 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
 
         def _expire(self, counter: Any) -> None:
             self._deadline = None
-            if not self.transport.is_closing():
-                counter.inc()
+            if not self.transport.is_closing() or self._discarding:
+                if counter is not None:
+                    counter.inc()
                 self.transport.abort()
 
     return GuardedHttpProtocol

@@ -24,7 +24,7 @@ MERGE_WAIT = {"max_batch_size": 64, "batch_timeout_micros": WAIT_MICROS, "max_qu
 
 def _merged_count(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = re.search(r'^recserve_merged_requests_total\{model="default"\} (\S+)$', text, re.M)
+    found = re.search(r'^recserve_merged_requests_total\{model="default"\} (\S+)$', text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 
@@ -99,3 +99,35 @@ def test_without_a_wait_an_idle_server_answers_at_once_and_pipelining_keeps_orde
         for body in bodies:
             head, got, rest = _read_response(sock, rest)
             assert head.startswith(b"HTTP/1.1 200") and got == demo_processor.process(body)[1]
+
+
+def test_a_full_wait_is_refused_when_the_headers_arrive(launch, demo, demo_processor) -> None:
+    """One place in the wait, held by a request waiting to be merged: the next request is
+    answered 503 as soon as its headers are in, before it sends any body, and the server
+    closes its side; the waiting request is then answered right."""
+    import socket
+    import time
+
+    config = json.loads(demo.config_path.read_text()) | {
+        "max_batch_size": 64, "batch_timeout_micros": 3_000_000, "max_queue_ms": 10_000, "max_queued_requests": 1}
+    server = launch(config)
+    body = encode_request(demo.sample_inputs(2, np.random.default_rng(12)))
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(httpx.post, f"{server.url}/api/predict/default", content=body, timeout=30)
+        deadline = time.monotonic() + 2.5  # the first request waits 3 s to be merged
+        while 'recserve_requests_waiting{model="default"} 1.0' not in httpx.get(f"{server.url}/metrics").text:
+            assert time.monotonic() < deadline, "the first request never took its place in the wait"
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+            sock.sendall(b"POST /api/predict/default HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+            answer = b""
+            while chunk := sock.recv(65536):  # to the server's end of the stream: it closed its side
+                answer += chunk
+        first = waiting.result(timeout=30)
+    head, content = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503"), answer
+    assert b"retry-after: 1" in head.lower() and b"connection: close" in head.lower()
+    assert json.loads(content) == {"error": "model 'default' is overloaded: 1 requests are waiting "
+                                            "(max_queued_requests 1); retry later or on another replica"}
+    assert first.status_code == 200 and first.content == demo_processor.process(body)[1]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'recserve_requests_total{code="503",model="default",route="eas"} 1.0' in metrics
