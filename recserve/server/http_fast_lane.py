@@ -49,6 +49,9 @@ class Pending:
 
 PENDING = Pending()
 
+_UNSEEN: object = object()
+_MAX_PATHS = 1024  # distinct URLs remembered; beyond, the memory starts again
+
 # Refusals have no trace: nothing of theirs ran (shared, never written to).
 _NO_TRACE = RequestTrace()
 
@@ -56,7 +59,8 @@ _NO_TRACE = RequestTrace()
 class FastLane:
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
-        self._refusals: dict[str, tuple[ModelEntry, bytes]] = {}  # model -> its full-wait 503
+        self._refusals: dict[str, tuple[bytes, bytes]] = {}  # model -> its full-wait 503
+        self._by_path: dict[bytes, tuple[str, ModelEntry] | None] = {}
 
     def _refusal(self, entry: ModelEntry, route: str, arrived: float, deadline: float | None) -> Response | None:
         """The 503 for a request that already waited past its model's max_queue_ms or its
@@ -71,24 +75,26 @@ class FastLane:
             return error_response(exc.status, exc.message)
         return None
 
-    def full_wait_refusal(self, path: str) -> bytes | None:
-        """For a request `wants` took, as its headers arrive: the headers after the status line
-        and the body of its 503 when its model's wait is full, else None. Refused before its
-        body is read or anything is decoded (~100 us of CPU a refusal when it was read and
-        parsed first); the bytes are built once per model: a full wait always reads the
-        same (the count waiting is then the maximum)."""
-        route = match(path)
-        if route is None:
+    def full_wait_refusal(self, method: bytes, url: bytes) -> tuple[bytes, bytes] | None:
+        """As a request's headers arrive (`url`: as sent): when it is a prediction whose
+        model's wait is full, its 503's headers after the status line (no blank line) and
+        body, else None. Refused before anything of it is built, its body read or decoded
+        (a refusal cost ~100 us of CPU when it was read and parsed first); the bytes are built
+        once per model (a full wait always reads the same: the count waiting is then the
+        maximum), and a path's model is found once."""
+        if method != b"POST":
             return None
-        kind, names = route
-        entries = self._ctx.models.entries
-        entry = entries.get(route_model(kind, names)) if kind == "kserve" or len(names) > 1 else (
-            entries.get(names[0]) or (next(iter(entries.values())) if len(entries) == 1 else None))
-        if entry is None or entry.admission.waiting < entry.admission.max_waiting:
+        found = self._by_path.get(url, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._find(url)
+        if found is None:
+            return None
+        kind, entry = found
+        if entry.admission.waiting < entry.admission.max_waiting:
             return None
         self._ctx.metrics.observe(entry.name, kind, 503, 0.0, _NO_TRACE)
         refusal = self._refusals.get(entry.name)
-        if refusal is None or refusal[0] is not entry:
+        if refusal is None:
             try:
                 entry.admission.check_room()
             except OverloadedError as exc:
@@ -96,8 +102,31 @@ class FastLane:
             else:
                 return None  # a place was given back meanwhile
             head = b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers)
-            refusal = self._refusals[entry.name] = (entry, head + b"connection: close\r\n\r\n" + response.body)
-        return refusal[1]
+            refusal = self._refusals[entry.name] = (head, response.body)
+        return refusal
+
+    def _find(self, url: bytes) -> tuple[str, ModelEntry] | None:
+        """The route kind and model of a prediction's URL, remembered (None: not a
+        prediction, or not plainly one: a query or escapes go the general way)."""
+        found = None
+        if b"?" not in url and b"%" not in url:
+            route = match(url.decode("latin-1"))
+            if route is not None:
+                kind, names = route
+                entry = self._model(kind, names)
+                found = None if entry is None else (kind, entry)
+        if len(self._by_path) >= _MAX_PATHS:
+            self._by_path.clear()
+        self._by_path[url] = found
+        return found
+
+    def _model(self, kind: str, names: tuple[str, ...]) -> ModelEntry | None:
+        models = self._ctx.models
+        try:
+            return models.get(route_model(kind, names)) if kind == "kserve" or len(names) > 1 else (
+                models.for_service(names[0]))
+        except RecserveError:
+            return None
 
     def wants(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> bool:
         """Whether to hold the request's body for `answer` (headers: lower-case names)."""

@@ -103,31 +103,43 @@ def test_without_a_wait_an_idle_server_answers_at_once_and_pipelining_keeps_orde
 
 def test_a_full_wait_is_refused_when_the_headers_arrive(launch, demo, demo_processor) -> None:
     """One place in the wait, held by a request waiting to be merged: the next request is
-    answered 503 as soon as its headers are in, before it sends any body, and the server
-    closes its side; the waiting request is then answered right."""
+    answered 503 as soon as its headers are in, before it sends any body; its body is then
+    skipped and the connection serves the next request. A client that will not keep its
+    connection gets Connection: close and the server's end of the stream."""
     import socket
     import time
+
+    from tests.server.test_server_fast_lane import _read_response
 
     config = json.loads(demo.config_path.read_text()) | {
         "max_batch_size": 64, "batch_timeout_micros": 3_000_000, "max_queue_ms": 10_000, "max_queued_requests": 1}
     server = launch(config)
     body = encode_request(demo.sample_inputs(2, np.random.default_rng(12)))
-    with ThreadPoolExecutor(1) as pool:
+    head_only = b"POST /api/predict/default HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
+    refusal = {"error": "model 'default' is overloaded: 1 requests are waiting (max_queued_requests 1); "
+                        "retry later or on another replica"}
+    with ThreadPoolExecutor(1) as pool, socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         waiting = pool.submit(httpx.post, f"{server.url}/api/predict/default", content=body, timeout=30)
         deadline = time.monotonic() + 2.5  # the first request waits 3 s to be merged
         while 'recserve_requests_waiting{model="default"} 1.0' not in httpx.get(f"{server.url}/metrics").text:
             assert time.monotonic() < deadline, "the first request never took its place in the wait"
-        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
-            sock.sendall(b"POST /api/predict/default HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+        sock.sendall(head_only + b"\r\n")  # no body yet
+        head, content, rest = _read_response(sock, b"")
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower(), head
+        assert b"connection: close" not in head.lower() and json.loads(content) == refusal
+        sock.sendall(body)  # skipped by the server
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as closing:
+            closing.sendall(head_only + b"Connection: close\r\n\r\n")
             answer = b""
-            while chunk := sock.recv(65536):  # to the server's end of the stream: it closed its side
+            while chunk := closing.recv(65536):  # to the server's end of the stream
                 answer += chunk
+        closed_head, closed_content = answer.split(b"\r\n\r\n", 1)
+        assert closed_head.startswith(b"HTTP/1.1 503") and b"connection: close" in closed_head.lower()
+        assert json.loads(closed_content) == refusal
         first = waiting.result(timeout=30)
-    head, content = answer.split(b"\r\n\r\n", 1)
-    assert head.startswith(b"HTTP/1.1 503"), answer
-    assert b"retry-after: 1" in head.lower() and b"connection: close" in head.lower()
-    assert json.loads(content) == {"error": "model 'default' is overloaded: 1 requests are waiting "
-                                            "(max_queued_requests 1); retry later or on another replica"}
-    assert first.status_code == 200 and first.content == demo_processor.process(body)[1]
+        assert first.status_code == 200 and first.content == demo_processor.process(body)[1]
+        sock.sendall(head_only + b"\r\n" + body)  # the same connection, the wait free again
+        head, content, rest = _read_response(sock, rest)
+        assert head.startswith(b"HTTP/1.1 200") and content == demo_processor.process(body)[1]
     metrics = httpx.get(f"{server.url}/metrics").text
-    assert 'recserve_requests_total{code="503",model="default",route="eas"} 1.0' in metrics
+    assert 'recserve_requests_total{code="503",model="default",route="eas"} 2.0' in metrics
