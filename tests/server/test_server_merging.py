@@ -93,6 +93,9 @@ def test_without_a_wait_an_idle_server_answers_at_once_and_pipelining_keeps_orde
     for body in bodies:
         answer = httpx.post(url, content=body, timeout=30)
         assert answer.status_code == 200 and answer.content == demo_processor.process(body)[1]
+    # A chunked body takes the ASGI route (not the fast lane): merged there too.
+    chunked = httpx.post(url, content=iter([bodies[1][:5], bodies[1][5:]]), timeout=30)
+    assert chunked.status_code == 200 and chunked.content == demo_processor.process(bodies[1])[1]
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(b"".join(_request(b) for b in bodies))
         rest = b""
