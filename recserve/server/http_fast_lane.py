@@ -169,20 +169,17 @@ class FastLane:
                     header_length = value.decode("latin-1")
                 elif name == _TIMEOUT:
                     timeout = value.decode("latin-1")
-            call = predict_call(ctx, kind, names, body, header_length)
             deadline = deadline_from(timeout, arrived)
-            try:
-                entry = call.find()
-            except RecserveError:
-                entry = None  # an unknown model: the dispatcher answers it, and counts it
+            entry = self._model(kind, names)  # None: unknown, the dispatcher answers it and counts it
             if entry is not None:
-                refusal = self._refusal(entry, call.route, arrived, deadline)
+                refusal = self._refusal(entry, kind, arrived, deadline)
                 if refusal is not None:
                     return refusal
                 if kind == "eas" and body and ctx.merger.merges(entry):
                     ctx.merger.add(entry, body, arrived, deadline,
                                    lambda outcome, trace: reply(eas_response(outcome, trace)))
                     return PENDING
+            call = predict_call(ctx, kind, names, body, header_length)
             if not ctx.inline.inline(call.model, len(body)):
                 return None  # admitted so far: its turn comes on a worker thread, via ASGI
             return call.respond(dispatch_inline(ctx, call.route, call.model, call.find, call.handler,
