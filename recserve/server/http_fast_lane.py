@@ -18,6 +18,7 @@ Event loop only.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from starlette.responses import Response
@@ -49,6 +50,10 @@ class Pending:
 
 PENDING = Pending()
 
+def _head_and_body(response: Response) -> tuple[bytes, bytes]:
+    return b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers), response.body
+
+
 _UNSEEN: object = object()
 _MAX_PATHS = 1024  # distinct URLs remembered; beyond, the memory starts again
 
@@ -75,13 +80,15 @@ class FastLane:
             return error_response(exc.status, exc.message)
         return None
 
-    def full_wait_refusal(self, method: bytes, url: bytes) -> tuple[bytes, bytes] | None:
-        """As a request's headers arrive (`url`: as sent): when it is a prediction whose
-        model's wait is full, its 503's headers after the status line (no blank line) and
-        body, else None. Refused before anything of it is built, its body read or decoded
-        (a refusal cost ~100 us of CPU when it was read and parsed first); the bytes are built
-        once per model (a full wait always reads the same: the count waiting is then the
-        maximum), and a path's model is found once."""
+    def early_refusal(self, method: bytes, url: bytes, arrived: float) -> tuple[bytes, bytes] | None:
+        """As a request's headers arrive (`url`: as sent; `arrived`: when its bytes were in
+        the socket at the latest, time.monotonic() clock): when it is a prediction whose
+        model's wait is full, or that already waited past its model's max_queue_ms on a busy
+        loop, its 503's headers after the status line (no blank line) and body, else None.
+        Refused before anything of it is built, its body read or decoded (a refusal cost
+        ~100 us of CPU when it was read and parsed first). The full wait's bytes are built
+        once per model (they always read the same: the count waiting is then the maximum),
+        and a path's model is found once."""
         if method != b"POST":
             return None
         found = self._by_path.get(url, _UNSEEN)
@@ -90,19 +97,25 @@ class FastLane:
         if found is None:
             return None
         kind, entry = found
-        if entry.admission.waiting < entry.admission.max_waiting:
+        admission = entry.admission
+        if admission.waiting < admission.max_waiting:
+            if time.monotonic() - arrived <= admission.max_queue_seconds:
+                return None
+            try:
+                admission.check_wait(arrived)
+            except OverloadedError as exc:
+                self._ctx.metrics.observe(entry.name, kind, 503, 0.0, _NO_TRACE)
+                return _head_and_body(error_response(exc.status, exc.message))
             return None
         self._ctx.metrics.observe(entry.name, kind, 503, 0.0, _NO_TRACE)
         refusal = self._refusals.get(entry.name)
         if refusal is None:
             try:
-                entry.admission.check_room()
+                admission.check_room()
             except OverloadedError as exc:
-                response = error_response(exc.status, exc.message)
+                refusal = self._refusals[entry.name] = _head_and_body(error_response(exc.status, exc.message))
             else:
                 return None  # a place was given back meanwhile
-            head = b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers)
-            refusal = self._refusals[entry.name] = (head, response.body)
         return refusal
 
     def _find(self, url: bytes) -> tuple[str, ModelEntry] | None:

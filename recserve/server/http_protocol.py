@@ -115,7 +115,7 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
                 return
             self._disarm()
             if fast_lane is not None and (self.cycle is None or self.cycle.response_complete):
-                refusal = fast_lane.full_wait_refusal(self.parser.get_method(), self.url)
+                refusal = fast_lane.early_refusal(self.parser.get_method(), self.url, self._batch)
                 if refusal is not None:
                     self._refuse(*refusal)
                     return
