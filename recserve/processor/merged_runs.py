@@ -122,16 +122,9 @@ def _prepare(servable: Servable, index: int, data: bytes, trace: RequestTrace) -
     start = time.perf_counter_ns()
     parsed = codec.parse_request(data) if servable.placed is None and servable.redis is None else None
     route = None if parsed is None else servable.route(parsed)
-    if route is None or trace.want_ort_profile:
+    if route is None or parsed is None or trace.want_ort_profile:
         return servable.process(data, trace)
-    trace.add("decode", start)
-    trace.batch_size = route.batch_size
-    trace.model_version = servable.version
-    trace.delta_step = servable.delta_step
-    start = time.perf_counter_ns()
-    feeds = route.feeds(parsed)
-    trace.add("lookup", start)
-    return _Ready(index, route, feeds, route.batch_size)
+    return _Ready(index, route, servable.routed_feeds(route, parsed, trace, start), route.batch_size)
 
 
 def _run_alone(servable: Servable, ready: _Ready, trace: RequestTrace, answers: list[Answer | None]) -> None:

@@ -272,7 +272,7 @@ class Servable:
         start = time.perf_counter_ns()
         parsed = codec.parse_request(data) if self.placed is None and self.redis is None else None
         route = None if parsed is None else self.route(parsed)
-        if route is None:
+        if route is None or parsed is None:
             # Parsed but not routable: its arrays, not a second parse.
             request = codec.decode_request(data) if parsed is None else codec.DecodedRequest(
                 parsed.recipe.signature_name, parsed.inputs(), parsed.recipe.output_filter)
@@ -281,13 +281,7 @@ class Servable:
                 request.inputs, request.output_filter, signature_name=request.signature_name or None, trace=trace
             )
         else:
-            trace.add("decode", start)
-            trace.batch_size = route.batch_size
-            trace.model_version = self.version
-            trace.delta_step = self.delta_step
-            start = time.perf_counter_ns()
-            feeds = route.feeds(parsed)
-            trace.add("lookup", start)
+            feeds = self.routed_feeds(route, parsed, trace, start)
             start = time.perf_counter_ns()
             outputs = dict(zip(route.output_keys, self.sessions.run(route.output_names, feeds, trace=trace)))
             trace.add("run", start)
@@ -295,6 +289,19 @@ class Servable:
         response = codec.encode_response(outputs)
         trace.add("encode", start)
         return response
+
+    def routed_feeds(self, route: RequestRoute, parsed: ParsedRequest, trace: RequestTrace,
+                     decode_start: int) -> dict[str, np.ndarray]:
+        """The graph's feeds for a request its layout's route serves, its decode (from
+        `decode_start`, perf_counter_ns) and lookup traced."""
+        trace.add("decode", decode_start)
+        trace.batch_size = route.batch_size
+        trace.model_version = self.version
+        trace.delta_step = self.delta_step
+        start = time.perf_counter_ns()
+        feeds = route.feeds(parsed)
+        trace.add("lookup", start)
+        return feeds
 
     def process_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
                      max_rows: int) -> list[bytes | RecserveError]:
