@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, wait_ready, wrk
+from benchmarks.load_tools import free_port, post_script, request_cpu_seconds, tree_cpu_seconds, wait_ready, wrk
 from benchmarks.report import Row
 from recserve.export.demo import write_demo
 from recserve.wire.codec import encode_request
@@ -121,6 +121,43 @@ def _refusal_cpu(root: Path, config: dict[str, Any], body: bytes) -> Row:
         server.stop(now=True)
 
 
+def _front_end_vs_bare(root: Path, config: dict[str, Any], body: bytes, batch: int, merging: int) -> Row:
+    """recserve's server CPU outside the request's handler per request against a bare
+    uvicorn app's whole CPU per request, same body, same client, alternated."""
+    server = _Server(root, config | {"max_batch_size": merging}, f"front{batch}-{merging}")
+    answer = root / f"answer{batch}.bin"
+    answer.write_bytes(b"\0" * 64)
+    bare_port = free_port()
+    bare = subprocess.Popen([sys.executable, "-m", "benchmarks.peers.uvicorn_fixed", str(bare_port), str(answer)],
+                            cwd=ROOT)
+    bare_url = f"http://127.0.0.1:{bare_port}/api/predict/default"
+    script = post_script(root, body, f"front{batch}")
+    try:
+        wait_ready(f"{server.base}/v2/health/ready", server.process, what="recserve serve")
+        wait_ready(bare_url.replace("/api/predict/default", "/"), bare, what="bare uvicorn")
+        wrk(server.url, script, threads=1, connections=16, seconds=2)
+        wrk(bare_url, script, threads=1, connections=16, seconds=2)
+        ours, floor, loads = [], [], []
+        for _ in range(2):
+            loads.append(_load())
+            before, handled = tree_cpu_seconds(server.process.pid), request_cpu_seconds(server.base)
+            r = wrk(server.url, script, threads=1, connections=16, seconds=SECONDS)
+            spent = tree_cpu_seconds(server.process.pid) - before - (request_cpu_seconds(server.base) - handled)
+            ours.append(spent / r["requests"] * 1e6)
+            before = tree_cpu_seconds(bare.pid)
+            r = wrk(bare_url, script, threads=1, connections=16, seconds=SECONDS)
+            floor.append((tree_cpu_seconds(bare.pid) - before) / r["requests"] * 1e6)
+        us, bare_us = min(ours), min(floor)
+        return Row(
+            f"EAS HTTP batch {batch}, wrk -c16, merging {'on' if merging else 'off'}: server CPU per request outside "
+            f"the handler / a bare uvicorn app's CPU per request (load average {', '.join(loads)})",
+            f"{us:.0f} us", f"bare uvicorn {bare_us:.0f} us", us / bare_us, "<= 1.3", us / bare_us <= 1.3)
+    finally:
+        server.stop()
+        bare.terminate()
+        bare.wait(timeout=30)
+
+
 def run() -> list[Row]:
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk is not installed: make bench installs it (apt-get install wrk)")
@@ -132,6 +169,9 @@ def run() -> list[Row]:
         rows = [_on_vs_off(root, config, script, "one process", 2.0),
                 _on_vs_off(root, config, script, "--workers 2", 1.5, "--workers", "2")]
         rows.append(_refusal_cpu(root, config, encode_request(demo.sample_inputs(256, np.random.default_rng(256)))))
+        for batch in (1, 64):
+            body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))
+            rows += [_front_end_vs_bare(root, config, body, batch, merging) for merging in (0, 64)]
         return rows
     finally:
         shutil.rmtree(root, ignore_errors=True)
