@@ -19,6 +19,7 @@ Event loop only (the merged call itself may run on a worker thread).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -31,6 +32,8 @@ from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelEntry
 
 __all__ = ["RequestMerger"]
+
+log = logging.getLogger("recserve.server")
 
 # Called on the loop with the request's outcome and its trace (None: it never ran).
 Answer = Callable[[Outcome, RequestTrace | None], None]
@@ -84,7 +87,12 @@ class RequestMerger:
         if queue is None or queue.entry is not entry:
             queue = self._queues[entry.name] = _Queue(entry)
         queue.items.append(_Waiting(body, arrived, deadline, answer))
-        if queue.handle is None and queue.running == 0:
+        if queue.running:
+            return  # the running call's end schedules the next
+        if queue.handle is None:
+            self._schedule(queue)
+        elif len(queue.items) >= entry.config.max_batch_size and isinstance(queue.handle, asyncio.TimerHandle):
+            queue.handle.cancel()  # enough for a full run: no more waiting for company
             self._schedule(queue)
 
     def _schedule(self, queue: _Queue) -> None:
@@ -116,7 +124,11 @@ class RequestMerger:
             traces = [RequestTrace() for _ in admitted]
             if self._inline.inline(entry.name, max(len(p) for p in payloads)):
                 started = time.perf_counter()
-                outcomes = self._call_merged("eas", entry, payloads, traces)
+                try:
+                    outcomes = self._call_merged("eas", entry, payloads, traces)
+                except Exception as exc:  # a bug: every caller is answered 500, the loop goes on
+                    log.exception("model %r: a merged call failed", entry.name)
+                    outcomes = [(500, f"internal error: {type(exc).__name__}: {exc}")] * len(admitted)
                 self._inline.record(entry.name, (time.perf_counter() - started) / len(admitted))
                 self._deliver(admitted, outcomes, traces)
             else:
@@ -132,7 +144,8 @@ class RequestMerger:
         queue.running -= 1
         try:
             outcomes, cpu = done.result()
-        except Exception as exc:  # noqa: BLE001  # a bug: every caller of the batch is answered 500
+        except Exception as exc:  # a bug: every caller of the batch is answered 500
+            log.exception("model %r: a merged call failed", queue.entry.name)
             outcomes = [(500, f"internal error: {type(exc).__name__}: {exc}")] * len(items)
         else:
             self._inline.record(queue.entry.name, cpu / len(items))
