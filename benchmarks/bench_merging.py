@@ -30,7 +30,13 @@ round of each. wrk runs on the same 2 cores as the server, and this machine is s
 other agents' builds and tests (load average noted in each row): absolute numbers are noisy,
 compare within a row. Refusal row: a model with max_queued_requests 1 whose place is held
 by a request parked in a 60 s merge wait, so every wrk request (batch 256, -t1 -c64, 5 s)
-is refused at its headers; server CPU (/proc/<pid>/stat, every thread) per refusal."""
+is refused at its headers; server CPU (/proc/<pid>/stat, every thread) per refusal.
+Front-end rows: wrk -t1 -c16, batch 1 and 64, recserve (merging off, then on) alternated
+with a bare ASGI app under uvicorn (httptools, uvloop; benchmarks/peers/uvicorn_fixed.py)
+that reads the same body and answers 64 fixed bytes, 2 rounds of 5 s, the lower of each;
+recserve's CPU outside the handler = the process's CPU minus its
+recserve_request_cpu_seconds_total (with merging on, a merged run's CPU is shared out by
+rows)."""
 
 SECONDS = 5
 

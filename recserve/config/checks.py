@@ -56,13 +56,6 @@ def _missing(config: ProcessorConfig, names: tuple[str, ...]) -> list[str]:
 
 def check_consistency(config: ProcessorConfig) -> None:
     """Raise ConfigError naming the first pair of fields that contradict each other."""
-    if config.max_batch_size > 0 and config.batch_timeout_micros >= config.max_queue_ms * 1000:
-        raise ConfigError(
-            f"batch_timeout_micros {config.batch_timeout_micros} lets a request wait to be merged as long "
-            f"as max_queue_ms ({config.max_queue_ms:g} ms) lets it wait at all, so merged requests would be "
-            "refused; set batch_timeout_micros below max_queue_ms x 1000 (0: no wait)",
-            field="batch_timeout_micros",
-        )
     for name in ("savedmodel_dir", "checkpoint_dir"):
         _check_store_path(config, name)
     if config.model_store_type == "oss" and (missing := _missing(config, _OSS_CREDENTIALS)):

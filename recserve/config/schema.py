@@ -303,7 +303,8 @@ class ProcessorConfig:
     batch_timeout_micros: int = _field(
         0, kinds.integer(0), "honoured",
         "With request merging, the longest a request waits for others to merge with; 0 = no "
-        "wait: only requests already waiting are merged, and an idle server runs a request at once.",
+        "wait: only requests already waiting are merged, and an idle server runs a request at once. "
+        "The server waits at most half of max_queue_ms.",
         origin="recserve",
     )
     execution_provider: str = _field(

@@ -7,7 +7,8 @@ that arrived in that pass of the loop runs in the same call, with no timer when 
 is idle. While a merged call runs on a worker thread, requests arriving meanwhile wait in
 the queue and run together when it ends ("queued behind a running batch"). With the
 model's `batch_timeout_micros` above 0 the queue instead waits up to that long after its
-first request, unless `max_batch_size` requests are already there.
+first request (at most half the model's max_queue_ms), unless `max_batch_size` requests
+are already there.
 
 Per request, as unmerged: a place in the model's admission from arrival to its turn (a
 full wait refuses it at once; one that waited past max_queue_ms or its deadline is
@@ -98,7 +99,8 @@ class RequestMerger:
     def _schedule(self, queue: _Queue) -> None:
         loop = asyncio.get_running_loop()
         config = queue.entry.config
-        wait = config.batch_timeout_micros / 1e6
+        # Waiting for company never costs a request its turn: at most half its max_queue_ms.
+        wait = min(config.batch_timeout_micros / 1e6, queue.entry.admission.max_queue_seconds / 2)
         if wait <= 0 or len(queue.items) >= config.max_batch_size:
             queue.handle = loop.call_soon(self._flush, queue)
         else:

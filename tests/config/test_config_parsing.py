@@ -359,10 +359,3 @@ def test_invalid_json_message_does_not_echo_the_text() -> None:
         parse_config('{"redis_password": "pa55-w0rd-xyz" "x": 1}')
     assert PASSWORD not in info.value.message
 
-
-def test_a_merge_wait_as_long_as_the_queue_limit_is_refused() -> None:
-    exc = error({"max_batch_size": 16, "batch_timeout_micros": 100_000, "max_queue_ms": 100})
-    assert exc.field == "batch_timeout_micros"
-    assert "set batch_timeout_micros below max_queue_ms x 1000" in str(exc)
-    assert parse_config({**BASE, "max_batch_size": 16, "batch_timeout_micros": 99_999}).batch_timeout_micros == 99_999
-    assert parse_config({**BASE, "batch_timeout_micros": 500_000}).max_batch_size == 0  # no merging: no effect
