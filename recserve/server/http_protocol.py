@@ -15,6 +15,12 @@ headers arrive: its body gathers here and the fast lane answers it as the last b
 the answer written straight to the transport (or, when the fast lane declines, the task
 starts then, and the app reads the body already gathered).
 
+Shutdown (`shutdown()`, which uvicorn calls on every connection once the listener is
+closed): a request in flight is answered with `Connection: close`, as uvicorn does; an idle
+keep-alive connection is not closed at once, as uvicorn would (a request its client sends
+at that moment would be lost unanswered), but stays open until it has been idle for
+`DRAIN_IDLE_SECONDS`, and a request arriving meanwhile is answered with `Connection: close`.
+
 Event-loop only, like uvicorn's protocol it extends.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +39,13 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from recserve.server.http_common import RECEIVED_KEY
 from recserve.server.http_fast_lane import FastLane, Pending
 
-__all__ = ["ConnectionLimits", "guarded_protocol"]
+__all__ = ["DRAIN_IDLE_SECONDS", "ConnectionLimits", "guarded_protocol"]
+
+# How long an idle connection stays open once shutdown began: longer than a client's gap
+# between a response and its next request on the connection, or between connecting and
+# sending (a connection accepted from the queue at shutdown), short enough not to hold
+# the exit.
+DRAIN_IDLE_SECONDS = 1.0
 
 
 class IoBatchClock:
@@ -67,8 +80,11 @@ class ConnectionLimits:
 
 
 def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Counter,
-                     fast_lane: FastLane | None = None) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol class bound to `limits`, the two counters and `fast_lane`."""
+                     fast_lane: FastLane | None = None,
+                     draining: Callable[[], bool] = lambda: False) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class bound to `limits`, the two counters and `fast_lane`;
+    `draining()` true once shutdown began (from the signal on, before uvicorn's shutdown
+    reaches the connections): every request then is answered with `Connection: close`."""
     header_timeouts, body_timeouts = timeouts.labels("header"), timeouts.labels("body")
     clock = IoBatchClock()
 
@@ -79,6 +95,9 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
         _batch = 0.0  # IoBatchClock.mark() of the read being parsed
         _skipping = False  # a refused request's body is passing: dropped (see _refuse)
         _discarding = False  # a refusal was answered and the connection half-closed: all input dropped
+        _in_message = False  # a request's first byte arrived, its last not yet
+        _draining = False
+        _drain_timer: asyncio.TimerHandle | None = None
 
         def data_received(self, data: bytes) -> None:
             if self._discarding:
@@ -96,6 +115,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
             if self._held is not None and fast_lane is not None:
                 fast_lane.gone(self._held.scope["path"])
             self._held = None
@@ -107,6 +128,10 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             # A request pipelined behind one the fast lane answered within the same read:
             # the keep-alive timer that answer armed must not run during this one.
             self._unset_keepalive_if_required()
+            self._in_message = True
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
+                self._drain_timer = None
             super().on_message_begin()
             self._arm(limits.header_seconds, header_timeouts)
 
@@ -124,6 +149,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
                 super().on_headers_complete()
             finally:
                 self._in_headers = False
+            if self.cycle is not None and (self._draining or draining()):
+                self.cycle.keep_alive = False  # answered with `Connection: close`
             if self.cycle is not None and self.cycle.more_body:
                 self._arm(limits.body_seconds, body_timeouts)
 
@@ -148,7 +175,7 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             parts = [STATUS_LINE[503]]
             for name, value in self.server_state.default_headers:
                 parts.extend((name, b": ", value, b"\r\n"))
-            keep = self.parser.should_keep_alive()
+            keep = self.parser.should_keep_alive() and not (self._draining or draining())
             parts.extend((head, b"\r\n" if keep else b"connection: close\r\n\r\n", body))
             self.transport.write(b"".join(parts))
             self.server_state.total_requests += 1
@@ -170,6 +197,7 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             if self._discarding:
                 return
             self._disarm()
+            self._in_message = False
             if self._skipping:  # a refused request's body has passed: the connection waits for the next
                 self._skipping = False
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
@@ -207,6 +235,18 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             if cycle.keep_alive:
                 self.on_response_complete()
             else:
+                self.transport.close()
+
+        def shutdown(self) -> None:
+            self._draining = True
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.keep_alive = False
+            elif not self._in_message and self._drain_timer is None:
+                self._drain_timer = self.loop.call_later(DRAIN_IDLE_SECONDS, self._close_if_idle)
+
+        def _close_if_idle(self) -> None:
+            self._drain_timer = None
+            if not self._in_message and (self.cycle is None or self.cycle.response_complete):
                 self.transport.close()
 
         def _arm(self, seconds: float, counter: Any) -> None:
