@@ -294,13 +294,17 @@ class ProcessorConfig:
     )
     max_batch_size: int = _field(
         0, kinds.integer(0), "honoured",
-        "Dynamic batching: concurrent requests are merged into one run of up to this many "
-        "rows. 0 = off.",
+        "Request merging (dynamic batching): predictions of this model waiting at the same moment "
+        "(arrived in one pass of the HTTP event loop, or queued behind a running batch) run as "
+        "one ONNX Runtime run of up to this many rows; each caller gets exactly its own rows. "
+        "0 = off (docs/sessions.md, \"Request merging\", says why off is the default).",
         origin="recserve",
     )
     batch_timeout_micros: int = _field(
-        1000, kinds.integer(0), "honoured",
-        "With dynamic batching, the longest a request waits for others to fill a batch.",
+        0, kinds.integer(0), "honoured",
+        "With request merging, the longest a request waits for others to merge with; 0 = no "
+        "wait: only requests already waiting are merged, and an idle server runs a request at once. "
+        "The server waits at most half of max_queue_ms.",
         origin="recserve",
     )
     execution_provider: str = _field(

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from recserve.errors import InternalError, RequestError
+from recserve.processor.merged_runs import concat_rows, split_rows
 
 __all__ = ["DynamicBatcher", "RunOnSession"]
 
@@ -142,10 +143,8 @@ class DynamicBatcher:
         if len(batch) == 1:
             self._run_alone(session, first)
             return
-        merged = {name: np.concatenate([r.feeds[name] for r in batch]) for name in first.feeds}
-        total = sum(r.rows for r in batch)
         try:
-            outputs = self._run(session, first.output_names, merged)
+            outputs = self._run(session, first.output_names, concat_rows([r.feeds for r in batch]))
         except RequestError:
             for request in batch:
                 self._run_alone(session, request)
@@ -154,20 +153,19 @@ class DynamicBatcher:
             for request in batch:
                 request.finish(error=exc)
             return
-        for name, out in zip(first.output_names, outputs):
-            if out.ndim == 0 or out.shape[0] != total:
-                error = InternalError(
-                    f"dynamic batching merged {total} rows but output {name!r} has shape {list(out.shape)}; "
-                    "every output's first dimension must be the batch (set max_batch_size to 0)"
-                )
-                for request in batch:
-                    request.finish(error=error)
-                return
-        start = 0
-        for request in batch:
-            stop = start + request.rows
-            request.finish(result=[out[start:stop] for out in outputs])
-            start = stop
+        parts = split_rows(outputs, [r.rows for r in batch])
+        if parts is None:
+            total = sum(r.rows for r in batch)
+            shapes = ", ".join(f"{name!r} {list(out.shape)}" for name, out in zip(first.output_names, outputs))
+            error = InternalError(
+                f"dynamic batching merged {total} rows but the outputs have shapes {shapes}; "
+                "every output's first dimension must be the batch (set max_batch_size to 0)"
+            )
+            for request in batch:
+                request.finish(error=error)
+            return
+        for request, part in zip(batch, parts):
+            request.finish(result=part)
 
     def _run_alone(self, session: int, request: _Request) -> None:
         try:

@@ -205,6 +205,30 @@ class Processor:
             log.exception("model %r: process failed", self.model_name)
             return 500, f"internal error: {type(exc).__name__}: {exc}".encode()
 
+    def process_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
+                     max_rows: int) -> list[tuple[int, bytes]]:
+        """What `process` answers each payload, on one leased version, the requests that agree
+        in layout merged into ONNX Runtime runs of up to `max_rows` rows (request merging:
+        recserve.processor.merged_runs). Never raises; one bad request fails only itself."""
+        answers: list[tuple[int, bytes]] = [(0, b"")] * len(payloads)
+        merge = [i for i, data in enumerate(payloads) if data]
+        for i, data in enumerate(payloads):
+            if not data:
+                answers[i] = self.process(data, trace=traces[i])
+        if not merge:
+            return answers
+        try:
+            with self._manager.acquire() as servable:
+                merged = servable.process_many([payloads[i] for i in merge], [traces[i] for i in merge], max_rows)
+        except RecserveError as exc:
+            merged = [exc] * len(merge)
+        except Exception as exc:  # the C ABI's callers must never see an exception
+            log.exception("model %r: process failed", self.model_name)
+            merged = [InternalError(f"internal error: {type(exc).__name__}: {exc}")] * len(merge)
+        for i, answer in zip(merge, merged):
+            answers[i] = (200, answer) if isinstance(answer, bytes) else (answer.status, answer.message.encode())
+        return answers
+
     # -- introspection -------------------------------------------------------------------
 
     def signature_info(self, signature_name: str | None = None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import numpy as np
 from recserve.config import ProcessorConfig
 from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, StringKeys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
-from recserve.errors import CorruptVersionError, ModelLoadError, RequestError
+from recserve.errors import CorruptVersionError, ModelLoadError, RecserveError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
 from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, duplicate_key_error, table_file
 from recserve.model_store.load_threads import map_in_threads
@@ -25,6 +25,7 @@ from recserve.model_store.manifest import TF_BUNDLE_FORMAT
 from recserve.model_store.model_dir import ModelDir
 from recserve.model_store.tf_checkpoint import dense_by_initializer
 from recserve.model_store.updater import apply_delta
+from recserve.processor.merged_runs import process_merged
 from recserve.processor.request_route import RequestRoute
 from recserve.processor.session_group import SessionGroup
 from recserve.processor.signature import DEFAULT_SIGNATURE, GraphTensor, Signature, build_signatures
@@ -286,7 +287,7 @@ class Servable:
         route = None
         if parsed is not None and self.placed is None and self.redis is None:
             # Routes serve in-process tables only: otherwise the parsed arrays go the general way.
-            route = self.routes.get(parsed.layout) or self._route(parsed)
+            route = self.route(parsed)
         if route is None:
             # Parsed but not routable: its arrays, not a second parse.
             request = decode() if parsed is None else codec.DecodedRequest(
@@ -297,17 +298,36 @@ class Servable:
             )
         else:
             assert parsed is not None   # a route is only ever found for a parsed request
-            trace.add("decode", start)
-            trace.batch_size = route.batch_size
-            trace.model_version = self.version
-            trace.delta_step = self.delta_step
-            start = time.perf_counter_ns()
-            feeds = route.feeds(parsed)
-            trace.add("lookup", start)
+            feeds = self.routed_feeds(route, parsed, trace, start)
             start = time.perf_counter_ns()
             outputs = dict(zip(route.output_keys, self.sessions.run(route.output_names, feeds, trace=trace)))
             trace.add("run", start)
         return outputs
+
+    def routed_feeds(self, route: RequestRoute, parsed: ParsedRequest, trace: RequestTrace,
+                     decode_start: int) -> dict[str, np.ndarray]:
+        """The graph's feeds for a request its layout's route serves, its decode (from
+        `decode_start`, perf_counter_ns) and lookup traced."""
+        trace.add("decode", decode_start)
+        trace.batch_size = route.batch_size
+        trace.model_version = self.version
+        trace.delta_step = self.delta_step
+        start = time.perf_counter_ns()
+        feeds = route.feeds(parsed)
+        trace.add("lookup", start)
+        return feeds
+
+    def process_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
+                     max_rows: int) -> list[bytes | RecserveError]:
+        """Each payload's answer as `process` gives it (PredictResponse bytes, or the error it
+        raises), the requests that agree in layout merged into runs of up to `max_rows`
+        rows (recserve.processor.merged_runs)."""
+        return process_merged(self, payloads, traces, max_rows)
+
+    def route(self, parsed: ParsedRequest) -> RequestRoute | None:
+        """The route of `parsed`'s layout (built and validated on its first request: raises
+        RequestError); None when its layout cannot be served in place."""
+        return self.routes.get(parsed.layout) or self._route(parsed)
 
     _MAX_ROUTES = 1024
 

@@ -341,14 +341,17 @@ class SessionGroup:
         *,
         session: int | None = None,
         trace: RequestTrace | None = None,
+        merged: bool = False,
     ) -> list[np.ndarray]:
         """Outputs of one run. `session` picks the session (warmup reaches each one);
-        a `trace` that wants an ONNX Runtime profile gets one (timelines)."""
+        a `trace` that wants an ONNX Runtime profile gets one (timelines); `merged`: the
+        feeds are already a merge of requests (recserve.processor.merged_runs), so they run
+        now instead of waiting in the dynamic batcher."""
         if trace is not None and trace.want_ort_profile:
             return self._run_profiled(output_names, feeds, trace)
         if session is not None:
             return self._run_on(session, output_names, feeds)
-        if self._batcher is not None:
+        if self._batcher is not None and not merged:
             return self._batcher.submit(output_names, feeds)
         index = self._policy.acquire()
         try:

@@ -40,6 +40,8 @@ class RequestTrace:
     # the session group then fills `ort_profile_path` with the Chrome-trace JSON file.
     want_ort_profile: bool = False
     ort_profile_path: str | None = None
+    # How many requests shared this request's run (request merging); 1: it ran alone.
+    merged_with: int = 1
 
     def served_by(self) -> tuple[tuple[str, str], ...]:
         """Which version answered, as HTTP headers / gRPC trailing metadata (lower case, as

@@ -9,6 +9,7 @@ from recserve.processor.processor import Processor
 from recserve.server.dispatch import Dispatcher
 from recserve.server.errors import UnknownModelError
 from recserve.server.inline_policy import InlinePolicy
+from recserve.server.merging import RequestMerger
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelEntry, ModelRegistry
 from recserve.server.settings import ServerSettings
@@ -26,6 +27,7 @@ class ServerContext:
     settings: ServerSettings
     workers: ThreadPoolExecutor  # HTTP predictions `inline` does not keep on the event loop run here
     inline: InlinePolicy
+    merger: RequestMerger  # EAS predictions of models that merge requests (event loop only)
 
 
 def check_version(entry: ModelEntry, processor: Processor, version: str | None) -> None:

@@ -13,6 +13,7 @@ FastAPI's shapes: JSON errors, 405 with Allow, one trailing slash accepted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from recserve.server.http_common import (
 )
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PredictCall", "PredictRoutes", "match", "predict_call", "route_model"]
+__all__ = ["PredictCall", "PredictRoutes", "eas_response", "match", "predict_call", "route_model"]
 
 log = logging.getLogger("recserve.server")
 
@@ -115,6 +116,15 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
     return PredictCall("kserve", route_model(kind, names), lambda: ctx.models.get(name), handler, respond_kserve)
 
 
+def eas_response(outcome: Outcome, trace: RequestTrace | None) -> Response:
+    """The answer to a merged EAS request (recserve.server.merging): PredictResponse bytes
+    and the answering version's headers, or the JSON error."""
+    status, result = outcome
+    if status != 200:
+        return error_response(status, result)
+    return Response(result, media_type=PROTOBUF, headers=served_headers([trace] if trace is not None else []))
+
+
 def _eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
         served.append(trace)
@@ -176,6 +186,25 @@ class PredictRoutes:
         arrived = received_at(request)
         deadline = request_deadline(request, arrived)
         call = predict_call(self._ctx, kind, names, body, request.headers.get(kserve.HEADER_LENGTH))
+        if kind == "eas" and body:
+            merged = await self._merged(call, body, arrived, deadline)
+            if merged is not None:
+                return merged
         outcome = await dispatch(self._ctx, call.route, call.model, len(body), call.find, call.handler,
                                  deadline, arrived)
         return call.respond(outcome)
+
+    async def _merged(self, call: PredictCall, body: bytes, arrived: float, deadline: float | None) -> Response | None:
+        """The answer of an EAS request whose model merges requests (recserve.server.merging);
+        None when it does not (or is unknown: the dispatcher answers that)."""
+        try:
+            entry = call.find()
+        except RecserveError:
+            return None
+        merger = self._ctx.merger
+        if not merger.merges(entry):
+            return None
+        answered: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        merger.add(entry, body, arrived, deadline,
+                   lambda outcome, trace: answered.done() or answered.set_result(eas_response(outcome, trace)))
+        return await answered

@@ -52,6 +52,9 @@ class ServerMetrics:
                            "CPU time of the thread serving each request from its model's lease to its answer "
                            "(decode, lookup, run, encode; not reading the request or writing the answer, and "
                            "not ONNX Runtime's own intra-op threads).", ["model", "route"], registry=self.registry)
+        self.merged_requests = Counter("recserve_merged_requests",
+                                       "Requests that ran in one ONNX Runtime run with others (request merging).",
+                                       ["model"], registry=self.registry)
         self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
                                  ["model", "result"], registry=self.registry)
         self.http_timeouts = Counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "
@@ -142,11 +145,15 @@ class ModelCollector(Collector):
         hit_rate = GaugeMetricFamily("recserve_embedding_hit_rate",
                                      "Fraction of looked-up ids found in the table (others get the default).",
                                      labels=["model", "table"])
+        waiting = GaugeMetricFamily("recserve_requests_waiting",
+                                    "Requests that arrived and wait for their turn (admission; at most "
+                                    "max_queued_requests).", labels=["model"])
         progress = GaugeMetricFamily("recserve_model_load_progress",
                                      "Fraction done of the version loading now (checksums, then tables); 1 when "
                                      "nothing loads.", labels=["model"])
         for name, entry in self._models.entries.items():
             ready.add_metric([name], 1.0 if entry.ready else 0.0)
+            waiting.add_metric([name], float(entry.admission.waiting))
             progress.add_metric([name], entry.progress.fraction)
             loads.add_metric([name, "ok"], entry.load_counts["ok"])
             loads.add_metric([name, "error"], entry.load_counts["error"])
@@ -166,4 +173,4 @@ class ModelCollector(Collector):
                 rows.add_metric([name, table], float(stats["rows"]))
                 if stats.get("lookups"):
                     hit_rate.add_metric([name, table], stats["hits"] / stats["lookups"])
-        yield from (ready, progress, version, step, loads, updates, failures, rows, hit_rate)
+        yield from (ready, waiting, progress, version, step, loads, updates, failures, rows, hit_rate)

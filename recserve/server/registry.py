@@ -8,6 +8,7 @@ changes (updates, admin pins) happen inside the processor. Thread-safe.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -215,6 +216,12 @@ class ModelRegistry:
             try:
                 entry.load()
                 log.info("model %r loaded", entry.name)
+                # What the imports and the load made lives as long as the process: kept out of
+                # the collector's full passes, which visited it all (~136k objects, 90-150 ms
+                # with the GIL held, measured with the demo model) whenever enough requests'
+                # objects outlived two young collections, as merged requests do, and stalled
+                # every request in flight (p99 73 ms against p90 11 ms).
+                gc.freeze()
                 return
             except RecserveError as exc:
                 log.error("model %r failed to load (retrying in %.0f s): %s",

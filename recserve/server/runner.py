@@ -38,6 +38,7 @@ from recserve.server.http_app import build_app
 from recserve.server.http_fast_lane import FastLane
 from recserve.server.http_protocol import ConnectionLimits, guarded_protocol
 from recserve.server.inline_policy import InlinePolicy
+from recserve.server.merging import RequestMerger
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelRegistry
 from recserve.server.settings import GRACE_SECONDS, ServerSettings
@@ -115,8 +116,9 @@ def run_server(
     metrics = ServerMetrics(models)
     workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="recserve-http")
     inline = InlinePolicy(settings.inline_max_bytes, settings.inline_max_ms / 1000)
-    ctx = ServerContext(models=models, dispatcher=Dispatcher(models, metrics), metrics=metrics,
-                        settings=settings, workers=workers, inline=inline)
+    dispatcher = Dispatcher(models, metrics)
+    ctx = ServerContext(models=models, dispatcher=dispatcher, metrics=metrics, settings=settings, workers=workers,
+                        inline=inline, merger=RequestMerger(dispatcher.call_merged, metrics, inline, workers))
 
     if listen_when_ready:
         # A worker replacing one that exited joins the shared ports only once it serves every

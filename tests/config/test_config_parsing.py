@@ -49,7 +49,7 @@ def test_defaults_match_deeprec_and_documented_recserve_values() -> None:
         "model_store_type": "local", "signature_name": "serving_default",
         "serialize_protocol": "protobuf", "checkpoint_dir": None,
         "model_update_interval_seconds": 5.0, "pinned_version": None, "max_batch_size": 0,
-        "batch_timeout_micros": 1000,
+        "batch_timeout_micros": 0,
     }
     assert config.env_overrides() == {}
     assert config.session_count == 1
@@ -358,3 +358,4 @@ def test_invalid_json_message_does_not_echo_the_text() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config('{"redis_password": "pa55-w0rd-xyz" "x": 1}')
     assert PASSWORD not in info.value.message
+
