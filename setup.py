@@ -63,6 +63,17 @@ NATIVE = [
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,
     ),
+    # The native request route (DESIGN §10): plain C, no Python. It parses with its own copy
+    # of the codec (a pure function) and reaches the embedding engine and the dense run
+    # through function pointers it is given, so tables stay those of the engine Python loaded.
+    SharedLibrary(
+        "recserve.processor.librecserve_route",
+        sources=["native/route.c", "native/codec.c"],
+        depends=["native/route.h", "native/dense_run.h", "native/codec.h", "native/embedding.h"],
+        include_dirs=["native"],
+        extra_compile_args=CFLAGS + ["-pthread"],
+        extra_link_args=["-pthread", *LDFLAGS],
+    ),
 ]
 
 # The C ABI shim embeds CPython, so it links the interpreter's shared library.
