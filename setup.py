@@ -84,8 +84,8 @@ if os.path.exists("native/processor_shim.c"):
             "recserve.libserving_processor",
             sources=["native/processor_shim.c"],
             # processor.h ships inside the package, beside the library (`recserve include-path`).
-            depends=["recserve/include/processor.h"],
-            include_dirs=["recserve/include", sysconfig.get_paths()["include"]],
+            depends=["recserve/include/processor.h", "native/route.h"],
+            include_dirs=["recserve/include", "native", sysconfig.get_paths()["include"]],
             libraries=[f"python{sysconfig.get_config_var('LDVERSION')}", "dl"],
             library_dirs=[libdir],
             runtime_library_dirs=[libdir],

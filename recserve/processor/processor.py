@@ -32,6 +32,7 @@ from recserve.model_store.updater import ModelUpdater
 from recserve.model_store.versions import VersionRef
 from recserve.model_store.watcher import VersionWatcher
 from recserve.processor.manager import ServableManager
+from recserve.processor.native_route import RouteSlot
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.placement import PlacedModel, place_embeddings
@@ -131,6 +132,11 @@ class Processor:
     def model_dir(self) -> str:
         """The local directory the graph is read from (savedmodel_dir, or its local copy)."""
         return self._model_copy or self.config.savedmodel_dir
+
+    @property
+    def route_slot(self) -> RouteSlot:
+        """Where the native route finds this model's current version (the C ABI's process())."""
+        return self._manager.route_slot
 
     @property
     def placed(self) -> PlacedModel | None:
