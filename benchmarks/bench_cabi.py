@@ -4,6 +4,7 @@ requests, same thread count, one run."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -111,7 +112,7 @@ def run() -> list[Row]:
             processor.close()
     c_rate, python_rate = max(c_rates), max(python_rates)
     ratio = c_rate / python_rate
-    return [
+    return scaling_rows() + [
         Row(
             name=f"C ABI process() from {THREADS} C threads, batch {BATCH} (best of {REPEATS})",
             value=f"{c_rate:,.0f} req/s",
@@ -121,3 +122,144 @@ def run() -> list[Row]:
             met=ratio >= 0.9,
         )
     ]
+
+
+# ---- thread scaling on the native route (issue 24) ----------------------------------------
+
+SCALING_SECONDS = float(os.environ.get("RECSERVE_BENCH_SECONDS", "3"))
+
+
+def _route_env(native: bool) -> dict[str, str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    if not native:
+        env["RECSERVE_NATIVE_ROUTE"] = "0"   # the same library on the Python route: the baseline
+    return env
+
+
+def _c_rate(binary: Path, work: Path, config: Path, threads: int, rounds: int, native: bool) -> float:
+    args = [library_path(), "serve", config, work / "req", work / "exp", threads, rounds]
+    out = subprocess.run([str(binary), *map(str, args)], env=_route_env(native), capture_output=True, text=True,
+                         check=True, timeout=600).stdout
+    match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+)", out)
+    if not match:
+        raise RuntimeError(f"cabi_client failed: {out}")
+    return int(match[1]) / float(match[2])
+
+
+def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float) -> float:
+    counts = [0] * threads
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def worker(k: int) -> None:
+        try:
+            i = k * 7
+            while not stop.is_set():
+                processor.process(requests[i % len(requests)])
+                counts[k] += 1
+                i += 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    started = time.perf_counter()
+    for t in pool:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in pool:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def _gil_seconds_per_request(processor: Processor, requests: list[bytes], rounds: int) -> tuple[float, float]:
+    """(wall seconds, seconds holding the GIL) per request on one thread. The GIL-held time is
+    the request's time minus the time its native sections ran with the GIL released (the
+    native route's own clock minus its dense run's callback, which holds the GIL)."""
+    from recserve.processor import native_route
+
+    runner_ns = [0]
+    servable = processor._manager.current
+    runner = servable.native._runner if servable is not None and servable.native is not None else None
+    if isinstance(runner, native_route.PythonRunner):
+        inner = runner._sessions.run
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                runner_ns[0] += time.perf_counter_ns() - start
+        runner._sessions.run = timed   # type: ignore[method-assign]
+    before = processor.route_slot.counters()
+    started = time.perf_counter()
+    for i in range(rounds):
+        processor.process(requests[i % len(requests)])
+    wall = (time.perf_counter() - started) / rounds
+    after = processor.route_slot.counters()
+    if runner is not None and isinstance(runner, native_route.PythonRunner):
+        del runner._sessions.run
+    native_wall = after["wall_seconds"] - before["wall_seconds"]
+    released = max(native_wall - runner_ns[0] / 1e9, 0.0) / rounds
+    return wall, wall - released
+
+
+def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, ...] = (1, 64, 512)) -> list[Row]:
+    from benchmarks.models import build_plain_dlrm
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        plain = build_plain_dlrm(work / "plain")
+        binary = _compile_client(work)
+        rng = np.random.default_rng(5)
+        for batch in batches:
+            requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
+            rates: dict[tuple[bool, int], float] = {}
+            for threads in (1, 2):
+                config = work / f"config{threads}.json"
+                config.write_text(json.dumps(plain.config(session_num=threads, intra_op_parallelism_threads=1,
+                                                          inter_op_parallelism_threads=1)))
+                processor = Processor(config.read_text())
+                replies = [processor.process_python(r) for r in requests]
+                processor.close()
+                (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
+                (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
+                probe = {native: _c_rate(binary, work, config, threads, 200, native) for native in (False, True)}
+                for native in (False, True):   # interleaved: native, Python, native, Python
+                    rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
+                    rates[(native, threads)] = max(
+                        _c_rate(binary, work, config, threads, rounds, native) for _ in range(2))
+            for native in (True, False):
+                one, two = rates[(native, 1)], rates[(native, 2)]
+                rows.append(Row(
+                    name=f"C host, plain DLRM (26 tables, placement), batch {batch}, "
+                         f"{'native route' if native else 'Python route (before)'}: 2 vs 1 thread",
+                    value=f"{two:,.0f} req/s", baseline=f"1 thread {one:,.0f} req/s", ratio=two / one,
+                    goal=">= 1.8" if native else "", met=two / one >= 1.8 if native else None))
+        config = work / "config_py.json"
+        config.write_text(json.dumps(plain.config(session_num=2, intra_op_parallelism_threads=1,
+                                                  inter_op_parallelism_threads=1)))
+        processor = Processor(config.read_text())
+        try:
+            for batch in python_batches:
+                requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
+                for r in requests * 3:
+                    processor.process(r)
+                one = _python_rate(processor, requests, 1, SCALING_SECONDS)
+                two = _python_rate(processor, requests, 2, SCALING_SECONDS)
+                wall, gil = _gil_seconds_per_request(processor, requests, 2000 if batch < 512 else 200)
+                # Paper estimate: threads overlap everything but the GIL-held part, so N cores
+                # serve at most min(N / wall, 1 / gil) requests/s.
+                estimate = {n: min(n / wall, 1 / gil) / (1 / wall) for n in (16, 32)}
+                rows.append(Row(
+                    name=f"Processor.process from Python threads, plain DLRM, batch {batch}: 2 vs 1 thread "
+                         f"(GIL held {gil * 1e6:.1f} of {wall * 1e6:.1f} us per request; paper estimate "
+                         f"{estimate[16]:.1f}x at 16 cores, {estimate[32]:.1f}x at 32)",
+                    value=f"{two:,.0f} req/s", baseline=f"1 thread {one:,.0f} req/s", ratio=two / one,
+                    goal=">= 1.8", met=two / one >= 1.8))
+        finally:
+            processor.close()
+    return rows

@@ -480,6 +480,17 @@ static size_t elem_size(int32_t t) {
     ((src) == SRC_INT64 ? (double)(base)[i] : (src) == SRC_FLOAT32 ? (double)((const float*)(base))[i] \
                                                                    : ((const double*)(base))[i])
 
+/* Float -> integer as numpy's astype gives it on x86-64 (cvttsd2si): NaN and values out of
+ * range become the type's minimum. (Python never compiles such a cast into a route -- the
+ * signature refuses unsafe casts -- but C must not meet undefined behaviour either.) */
+static int32_t to_int32(double v) {
+    return v >= -2147483648.0 && v < 2147483648.0 ? (int32_t)v : INT32_MIN;
+}
+
+static int64_t to_int64(double v) {
+    return v >= -9223372036854775808.0 && v < 9223372036854775808.0 ? (int64_t)v : INT64_MIN;
+}
+
 /* Copies `count` values of wire kind `src` into `out` as elem_type (numpy's astype). */
 static void convert(int64_t src, const int64_t* from, int64_t count, int32_t elem_type, void* out) {
     for (int64_t i = 0; i < count; i++) {
@@ -492,10 +503,10 @@ static void convert(int64_t src, const int64_t* from, int64_t count, int32_t ele
             ((double*)out)[i] = SRC_AT(src, from, i);
             break;
         case RS_ELEM_INT32:
-            ((int32_t*)out)[i] = src == SRC_INT64 ? (int32_t)from[i] : (int32_t)SRC_AT(src, from, i);
+            ((int32_t*)out)[i] = src == SRC_INT64 ? (int32_t)from[i] : to_int32(SRC_AT(src, from, i));
             break;
         case RS_ELEM_INT64:
-            ((int64_t*)out)[i] = src == SRC_INT64 ? from[i] : (int64_t)SRC_AT(src, from, i);
+            ((int64_t*)out)[i] = src == SRC_INT64 ? from[i] : to_int64(SRC_AT(src, from, i));
             break;
         case RS_ELEM_BOOL:
             ((uint8_t*)out)[i] = src == SRC_INT64 ? from[i] != 0 : SRC_AT(src, from, i) != 0;

@@ -25,6 +25,7 @@ import ctypes
 import itertools
 import logging
 import math
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -78,6 +79,8 @@ DENSE_RUN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tens
 
 
 def _load() -> ctypes.CDLL | None:
+    if os.environ.get("RECSERVE_NATIVE_ROUTE") == "0":   # off: every request takes the Python route
+        return None
     try:
         lib = ctypes.CDLL(str(Path(__file__).with_name("librecserve_route.so")))
     except OSError as exc:
