@@ -161,6 +161,8 @@ class RouteSlot:
         except AttributeError:
             buffers = self._info.buffers = (np.zeros(_INFO_SIZE, np.int64), ctypes.c_void_p(), ctypes.c_int64())
         info, out, size = buffers
+        if type(data) is not bytes:
+            data = bytes(data)   # a bytearray or memoryview (the HTTP server's body)
         if _LIB.rs_route_process(self.address, data, len(data), ctypes.byref(out), ctypes.byref(size),  # type: ignore[union-attr]
                                  info.ctypes.data) != 200:
             return None

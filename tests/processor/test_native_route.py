@@ -227,3 +227,15 @@ def test_threads_serve_natively_while_versions_swap(
     assert not errors, errors[0]
     assert sum(served) > 0
     assert _served(plain_processor) > before
+
+
+def test_bytes_like_requests_are_served_natively(
+    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = encode_request(demo.sample_inputs(6, np.random.default_rng(60)))
+    want = _python_route(demo_processor, data, monkeypatch)
+    demo_processor.process(data)
+    before = _served(demo_processor)
+    assert demo_processor.process(bytearray(data)) == want   # the HTTP server's bodies
+    assert demo_processor.process(memoryview(data)) == want
+    assert _served(demo_processor) == before + 2
