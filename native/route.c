@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -768,19 +769,19 @@ static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* 
         }
         fill_folded(rt, values, arena, folded);
         inputs[n++] = (rs_tensor_in){rt->fold_name, RS_ELEM_FLOAT, NULL, 2, folded};
-    } else {
-        for (int64_t i = 0; i < rt->n_bound; i++) {
-            const bound_input* b = &rt->bound[i];
-            inputs[n++] = (rs_tensor_in){b->name, RS_ELEM_FLOAT, b->shape, b->rank, arena + b->offset};
-        }
+    }
+    for (int64_t i = 0; i < rt->n_bound; i++) { /* plan outputs fed as they are (none the Concat takes) */
+        const bound_input* b = &rt->bound[i];
+        inputs[n++] = (rs_tensor_in){b->name, RS_ELEM_FLOAT, b->shape, b->rank, arena + b->offset};
     }
     int64_t fold_shape[2] = {rt->batch, rt->fold_width}; /* lives until the run returns */
     if (rt->fold_name)
-        inputs[n - 1].shape = fold_shape;
+        inputs[rt->n_dense].shape = fold_shape;
     times[1] = now_ns(CLOCK_MONOTONIC);
     char* err = NULL;
     memset(outs, 0, (size_t)rt->n_outputs * sizeof *outs);
     int status = s->run(s->runner, inputs, n, rt->output_names, (size_t)rt->n_outputs, outs, &err);
+    if (err && getenv("RS_ROUTE_DEBUG")) fprintf(stderr, "route run: %s\n", err);
     free(err); /* Python reruns the request and reports its own message */
     times[2] = now_ns(CLOCK_MONOTONIC);
     if (status != 0) {

@@ -11,9 +11,10 @@ later request of that layout goes from bytes to bytes in C with the GIL released
   Python, by reason.
 - `NativeServable`: one per version with in-process tables. Carries the compiled routes and
   the dense runner; `close()` waits for its native leases to end, then frees it.
-- The dense runner: `dense_runner(sessions)`. Until the ONNX Runtime C API runner lands it is
-  `PythonRunner`, a *test/fallback runner*: a C function pointer (ctypes callback) that takes
-  the GIL and runs the session group, so the route is complete but its dense run holds the GIL.
+- The dense runner: `dense_runner(sessions)`: the session group's ONNX Runtime C API runner
+  (`OrtRunner`), so the whole request runs without the GIL; where the group has none, or
+  merges requests in Python (dynamic batching), `PythonRunner`, the *fallback runner*: a C
+  function pointer (ctypes callback) that takes the GIL for the dense run only.
 
 Thread-safe: routes register concurrently with requests; publish/close run on the manager's
 threads.
@@ -37,12 +38,13 @@ import numpy as np
 from recserve.errors import RecserveError
 
 if TYPE_CHECKING:
-    from recserve.processor.request_route import RequestRoute
+    from recserve.processor.request_route import RequestRoute, _FoldedFeed
     from recserve.processor.servable import Servable
     from recserve.processor.session_group import SessionGroup
     from recserve.processor.trace import RequestTrace
+    from recserve.runtime.input_concat import InputConcat
 
-__all__ = ["FALLBACK_REASONS", "NativeServable", "PythonRunner", "RouteSlot", "dense_runner", "native_servable"]
+__all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "RouteSlot", "dense_runner", "native_servable"]
 
 log = logging.getLogger("recserve.processor")
 
@@ -251,9 +253,25 @@ class PythonRunner:
             return exc.status if isinstance(exc, RecserveError) else 500
 
 
-def dense_runner(sessions: SessionGroup) -> Any:
-    """The runner the native route calls (an object with `address`, the rs_dense_run_fn, and
-    `runner`, its first argument). The ONNX Runtime C API runner replaces this line."""
+class OrtRunner:
+    """The ONNX Runtime C API runner of a session group (recserve.runtime.native_runner):
+    `rs_ort_dense_run` and its runner pointer. Runs without the GIL."""
+
+    def __init__(self, sessions: SessionGroup) -> None:
+        native = sessions.native_runner
+        assert native is not None
+        self._native = native   # kept alive: the C side holds its handle
+        self.address = native.dense_run_address
+        self.runner = native.handle
+
+
+def dense_runner(sessions: SessionGroup) -> OrtRunner | PythonRunner:
+    """The runner the native route calls (`address`, the rs_dense_run_fn, and `runner`, its
+    first argument): the session group's C API runner; the Python one where the group runs on
+    Python sessions (RECSERVE_NATIVE_DENSE=0, string graph inputs) or merges requests
+    (dynamic batching: the batcher is Python)."""
+    if getattr(sessions, "native_runner", None) is not None and sessions._batcher is None:
+        return OrtRunner(sessions)
     return PythonRunner(sessions)
 
 
@@ -265,6 +283,9 @@ class NativeServable:
 
         self.id = next(_ids)
         self._runner = runner   # kept alive: the C side calls it
+        # The runner feeds graph inputs as they are: a Concat the session group folds in
+        # Python (SessionGroup._feed) is folded by the route instead.
+        self._concat = servable.sessions.concat if isinstance(runner, OrtRunner) else None
         self._lock = threading.Lock()
         self._closed = False
         lookup_at = ctypes.cast(engine._LIB.rs_lookup_at, ctypes.c_void_p).value
@@ -280,7 +301,7 @@ class NativeServable:
 
     def add(self, layout: bytes, route: RequestRoute) -> bool:
         """Registers `route` for requests of `layout`; False when it cannot run natively."""
-        described = describe(route)
+        described = describe(route, self._concat)
         if described is None:
             return False
         ints, names = described
@@ -322,9 +343,47 @@ def native_servable(servable: Servable) -> NativeServable | None:
     return NativeServable(servable, dense_runner(servable.sessions))
 
 
-def describe(route: RequestRoute) -> tuple[np.ndarray, bytes] | None:
+def _plan_outputs(route: RequestRoute) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(graph input, offset in the float32 arena, shape) of each lookup plan output."""
+    outputs, offset = [], 0
+    for graph_input, shape in zip(route._bound, route._layout.shapes):
+        outputs.append((graph_input, offset, tuple(shape)))
+        offset += math.prod(shape)
+    return outputs
+
+
+def _fold(route: RequestRoute, concat: InputConcat) -> _FoldedFeed | None:
+    """The Concat input the session group would fold in Python (`InputConcat.fold`) for a
+    route that does not fold it itself: each part a [batch, w] float32 dense input (a column)
+    or plan output (a block of one); None when a part is neither."""
+    from recserve.processor.request_route import _FoldedFeed
+
+    batch, column = route.batch_size, 0
+    outputs = {graph_input: (offset, shape) for graph_input, offset, shape in _plan_outputs(route)}
+    columns, inputs, blocks = [], [], []
+    for part in concat.parts:
+        if part in outputs:
+            offset, shape = outputs[part]
+            if len(shape) != 2 or shape[0] != batch:
+                return None
+            blocks.append((column, offset, 1, shape[1]))
+            column += shape[1]
+        elif part in route.sources:
+            wire, dtype = route.sources[part]
+            if np.dtype(dtype) != np.float32 or len(wire.dims) != 2 or wire.dims[0] != batch:
+                return None
+            columns.append((column, column + wire.dims[1], None))
+            inputs.append(part)
+            column += wire.dims[1]
+        else:
+            return None
+    return _FoldedFeed(concat.output, column, tuple(columns), tuple(blocks), tuple(inputs))  # type: ignore[arg-type]
+
+
+def describe(route: RequestRoute, concat: InputConcat | None = None) -> tuple[np.ndarray, bytes] | None:
     """The int64 description rs_servable_add_route compiles (see native/route.c, compile())
-    and its NUL-terminated names; None when a part of the route has no native form."""
+    and its NUL-terminated names; None when a part of the route has no native form.
+    `concat`: the session group's folded Concat of graph inputs, if it has one."""
     names: dict[str, int] = {}
     blob = bytearray()
 
@@ -335,6 +394,11 @@ def describe(route: RequestRoute) -> tuple[np.ndarray, bytes] | None:
         return names[text]
 
     plan_layout, folded = route._layout, route._folded
+    fold = _fold(route, concat) if folded is None and concat is not None else None
+    if folded is None and concat is not None and fold is None:
+        return None   # the session group would concatenate in Python; the route cannot
+    if fold is not None:
+        folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop in route._strings:
         ints += [first, stop]
@@ -342,15 +406,17 @@ def describe(route: RequestRoute) -> tuple[np.ndarray, bytes] | None:
     ints.append(len(tasks))
     ints += tasks.reshape(-1).tolist()
     ints.append(plan_layout.out_size)
-    if folded is None:
-        ints.append(len(route._bound))
-        offset = 0
-        for graph_input, shape in zip(route._bound, plan_layout.shapes):
+    parts = set(concat.parts) if fold is not None and concat is not None else set()
+    if route._folded is None:
+        bound = [(graph_input, offset, shape) for graph_input, offset, shape in _plan_outputs(route)
+                 if graph_input not in parts]
+        ints.append(len(bound))
+        for graph_input, offset, shape in bound:
             ints += [name(graph_input), offset, len(shape), *shape]
-            offset += math.prod(shape)
     else:
         ints.append(0)
-    dense = [(graph_input, *route.sources[graph_input]) for graph_input, _, _ in route._dense]
+    dense = [(graph_input, *route.sources[graph_input]) for graph_input, _, _ in route._dense
+             if graph_input not in parts]
     ints.append(len(dense))
     for graph_input, wire, dtype in dense:
         src, elem = _SRC.get(wire.out), _ELEM.get(np.dtype(dtype))

@@ -18,6 +18,7 @@ from recserve.export.demo import DemoModel
 from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.manifest import Manifest
 from recserve.model_store.versions import VersionRef
+from recserve.processor import native_route
 from recserve.processor.trace import RequestTrace
 from recserve.wire import codec
 from recserve.wire.codec import encode_request
@@ -112,6 +113,7 @@ def test_every_binding_shape_and_combiner_is_native(tmp_path: Path, monkeypatch:
 def test_the_plain_dlrm_model_with_its_folded_concat_is_native(
     plain_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert isinstance(plain_processor._manager.current.native._runner, native_route.OrtRunner)
     rng = np.random.default_rng(3)
     for batch in (1, 2, 64, 512):
         _assert_native_equals_python(plain_processor, encode_request(plain.sample(batch, rng)), monkeypatch)
@@ -141,13 +143,25 @@ def _new_version(processor: Processor):
                                        Manifest("full", 0, {}), {}, {}))
 
 
+@pytest.fixture
+def python_run_processor(plain, monkeypatch: pytest.MonkeyPatch) -> Iterator[Processor]:
+    """The plain model with Python sessions: its native route's dense run calls back into
+    Python (PythonRunner), where a test can hold a request in the middle of its lease."""
+    monkeypatch.setenv("RECSERVE_NATIVE_DENSE", "0")
+    p = Processor(plain.config())
+    yield p
+    p.close()
+
+
 def test_a_swap_frees_the_old_version_only_after_its_native_requests_end(
-    plain_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
+    python_run_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    plain_processor = python_run_processor
     data = encode_request(plain.sample(4, np.random.default_rng(40)))
     want = _python_route(plain_processor, data, monkeypatch)
     plain_processor.process(data)
     old = plain_processor._manager.current
+    assert isinstance(old.native._runner, native_route.PythonRunner)
     entered, release = threading.Event(), threading.Event()
     run = old.sessions.run
 
