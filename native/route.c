@@ -13,7 +13,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -781,7 +780,6 @@ static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* 
     char* err = NULL;
     memset(outs, 0, (size_t)rt->n_outputs * sizeof *outs);
     int status = s->run(s->runner, inputs, n, rt->output_names, (size_t)rt->n_outputs, outs, &err);
-    if (err && getenv("RS_ROUTE_DEBUG")) fprintf(stderr, "route run: %s\n", err);
     free(err); /* Python reruns the request and reports its own message */
     times[2] = now_ns(CLOCK_MONOTONIC);
     if (status != 0) {
