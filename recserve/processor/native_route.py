@@ -112,6 +112,25 @@ _LIB = _load()
 _libc = ctypes.CDLL(None)
 _libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 _libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
+# free() with the GIL kept: releasing it around a call this short only invites a handoff
+# to another thread (and a wait to get it back) on every request.
+_free_holding_gil = ctypes.PyDLL(None).free
+_free_holding_gil.restype, _free_holding_gil.argtypes = None, [ctypes.c_void_p]
+
+
+class _Call:
+    """One thread's out-parameters of rs_route_process, made once."""
+
+    __slots__ = ("info", "info_address", "out", "out_ref", "size", "size_ref")
+
+    def __init__(self) -> None:
+        self.info = np.zeros(_INFO_SIZE, np.int64)
+        self.info_address = self.info.ctypes.data
+        self.out, self.size = ctypes.c_void_p(), ctypes.c_int64()
+        self.out_ref, self.size_ref = ctypes.byref(self.out), ctypes.byref(self.size)
+
+
+_process = _LIB.rs_route_process if _LIB is not None else None
 
 
 def route_process_address() -> int:
@@ -159,21 +178,19 @@ class RouteSlot:
             self.count(_TRACE)
             return None
         try:
-            buffers = self._info.buffers
+            call = self._info.call
         except AttributeError:
-            buffers = self._info.buffers = (np.zeros(_INFO_SIZE, np.int64), ctypes.c_void_p(), ctypes.c_int64())
-        info, out, size = buffers
+            call = self._info.call = _Call()
         if type(data) is not bytes:
             data = bytes(data)   # a bytearray or memoryview (the HTTP server's body)
-        if _LIB.rs_route_process(self.address, data, len(data), ctypes.byref(out), ctypes.byref(size),  # type: ignore[union-attr]
-                                 info.ctypes.data) != 200:
+        if _process(self.address, data, len(data), call.out_ref, call.size_ref, call.info_address) != 200:
             return None
         try:
-            response = ctypes.string_at(out.value, size.value)  # type: ignore[arg-type]
+            response = ctypes.string_at(call.out.value, call.size.value)  # type: ignore[arg-type]
         finally:
-            _libc.free(out.value)
+            _free_holding_gil(call.out.value)
         if trace is not None:
-            _fill_trace(trace, info)
+            _fill_trace(trace, call.info)
         return response
 
     def counters(self) -> dict[str, Any]:
