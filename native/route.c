@@ -829,7 +829,7 @@ int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uin
     times[0] = now_ns(CLOCK_MONOTONIC);
     if (!reason)
         reason = serve(s, rt, data, values, out, out_size, times);
-    int64_t id = s->id;
+    int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
     unlease(s);
     free(values);
     free(scratch);
@@ -838,7 +838,7 @@ int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uin
         int64_t ended = now_ns(CLOCK_MONOTONIC);
         if (info) {
             info[RS_INFO_SERVABLE] = id;
-            info[RS_INFO_BATCH] = rt->batch;
+            info[RS_INFO_BATCH] = batch;
             info[RS_INFO_T0] = started;
             info[RS_INFO_T0 + 1] = times[0];
             info[RS_INFO_T0 + 2] = times[1];
