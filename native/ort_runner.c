@@ -536,21 +536,32 @@ RS_ORT_EXPORT int rs_ort_run_session(void *handle, size_t index, const rs_tensor
     return run_on(handle, index, inputs, n_inputs, output_names, n_outputs, outputs, err);
 }
 
-/* Python's entry (recserve.runtime.native_runner): index < 0 is rs_ort_dense_run (policy,
- * pinning), else rs_ort_run_session; the descriptors come as one buffer, which ctypes fills
- * far faster than an array of structures. */
-_Static_assert(sizeof(rs_tensor_in) == 5 * sizeof(int64_t), "rs_tensor_in is five 8-byte words");
-_Static_assert(offsetof(rs_tensor_in, data) == 4 * sizeof(int64_t), "rs_tensor_in is five 8-byte words");
-
+/* Python's entry (recserve.runtime.native_runner): `packed` holds five int64 words per
+ * input (name address, element type, index of its first dim in `packed`, rank, data
+ * address) and then the dims, which ctypes fills far faster than structures. index < 0
+ * is rs_ort_dense_run (policy, pinning), else rs_ort_run_session. */
 RS_ORT_EXPORT int rs_ort_dense_run(void *handle, const rs_tensor_in *inputs, size_t n_inputs,
                                    const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
                                    char **err);
 
-RS_ORT_EXPORT int rs_ort_run_any(void *handle, int64_t index, const void *inputs, size_t n_inputs,
+RS_ORT_EXPORT int rs_ort_run_any(void *handle, int64_t index, const int64_t *packed, size_t n_inputs,
                                  const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
                                  char **err) {
-    if (index < 0) return rs_ort_dense_run(handle, inputs, n_inputs, output_names, n_outputs, outputs, err);
-    return run_on(handle, (size_t)index, inputs, n_inputs, output_names, n_outputs, outputs, err);
+    rs_tensor_in stack[RS_STACK_FEEDS];
+    rs_tensor_in *inputs = n_inputs <= RS_STACK_FEEDS ? stack : calloc(n_inputs, sizeof *inputs);
+    if (!inputs) return fail(err, RS_INTERNAL, "out of memory");
+    for (size_t i = 0; i < n_inputs; i++) {
+        const int64_t *w = packed + 5 * i;
+        inputs[i].name = (const char *)(uintptr_t)w[0];
+        inputs[i].elem_type = (int32_t)w[1];
+        inputs[i].shape = packed + 5 * n_inputs + w[2];
+        inputs[i].rank = (size_t)w[3];
+        inputs[i].data = (const void *)(uintptr_t)w[4];
+    }
+    int rc = index < 0 ? rs_ort_dense_run(handle, inputs, n_inputs, output_names, n_outputs, outputs, err)
+                       : run_on(handle, (size_t)index, inputs, n_inputs, output_names, n_outputs, outputs, err);
+    if (inputs != stack) free(inputs);
+    return rc;
 }
 
 /* MOD's key: the calling thread's number with this runner, in order of first call. */
@@ -584,6 +595,11 @@ static size_t pick(rs_runner *r) {
 }
 
 RS_ORT_EXPORT size_t rs_ort_pick_session(void *handle) { return pick(handle); }
+
+RS_ORT_EXPORT long rs_ort_session_in_flight(void *handle, size_t index) {
+    rs_runner *r = handle;
+    return index < r->n_sessions ? atomic_load(&r->sessions[index].in_flight) : -1;
+}
 
 RS_ORT_EXPORT int rs_ort_dense_run(void *handle, const rs_tensor_in *inputs, size_t n_inputs,
                                    const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,

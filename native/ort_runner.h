@@ -95,13 +95,15 @@ RS_ORT_EXPORT int rs_ort_dense_run(void *runner, const rs_tensor_in *inputs, siz
 RS_ORT_EXPORT int rs_ort_run_session(void *runner, size_t index, const rs_tensor_in *inputs, size_t n_inputs,
                                      const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
                                      char **err);
-/* rs_ort_dense_run (index < 0) or rs_ort_run_session(index) with `inputs` an array of
- * rs_tensor_in passed untyped (for ctypes, which fills one int64 buffer faster than structures). */
-RS_ORT_EXPORT int rs_ort_run_any(void *runner, int64_t index, const void *inputs, size_t n_inputs,
+/* rs_ort_dense_run (index < 0) or rs_ort_run_session(index) with the inputs packed as int64
+ * words (see ort_runner.c): recserve.runtime.native_runner's entry. */
+RS_ORT_EXPORT int rs_ort_run_any(void *runner, int64_t index, const int64_t *packed, size_t n_inputs,
                                  const char *const *output_names, size_t n_outputs, rs_tensor_out *outputs,
                                  char **err);
 /* Session index the policy would pick for the calling thread next (tests; consumes an RR turn). */
 RS_ORT_EXPORT size_t rs_ort_pick_session(void *runner);
+/* Runs in progress on session `index` through rs_ort_dense_run (-1: no such session). */
+RS_ORT_EXPORT long rs_ort_session_in_flight(void *runner, size_t index);
 RS_ORT_EXPORT void rs_ort_free_outputs(rs_tensor_out *outputs, size_t n);
 RS_ORT_EXPORT void rs_ort_free_error(char *err);
 RS_ORT_EXPORT void rs_ort_runner_free(void *runner);

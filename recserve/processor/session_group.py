@@ -15,7 +15,8 @@ sessions without Python. The Python binding's `InferenceSession`s are used inste
 both, so the weights are never held twice -- when RECSERVE_NATIVE_DENSE=0, when a graph
 input or output is a string (the C runner feeds and returns numeric tensors only), and
 when a model asks for ONNX Runtime's global thread pools after this process's C API env
-was created without them (the env is one per process and gets its pools at creation).
+was created without them (the env is one per process and gets its pools at creation), and
+when a shared initializer has a dtype the C runner cannot wrap (bfloat16, complex).
 Traced requests that want an ONNX Runtime profile always run on a fresh Python session.
 """
 
@@ -216,10 +217,11 @@ class SessionGroup:
         if self._cpusets:
             check_cpusets(self._cpusets)
         graph, self.concat, written_inputs = _with_inputs_folded(model_path)
-        native = _native_env(config, graph)
-        per_session_threads = _uses_own_pools(config, native)
         # ORT keeps pointers to the shared buffers and streams: they live as long as the group.
         self._shared = SharedInitializers(model_path, dense_overrides, partial=partial_dense)
+        shared_native = all(native_runner.native_dtype(a.dtype) for a in self._shared.arrays.values())
+        native = shared_native and _native_env(config, graph)
+        per_session_threads = _uses_own_pools(config, native)
         self.dense_overrides = self._shared.overridden
         self.prepacking = prepacks(config, self._shared.nbytes)
         self._streams = CudaStreams()

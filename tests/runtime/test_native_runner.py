@@ -360,6 +360,47 @@ def test_sessions_share_weights_so_memory_does_not_grow_with_session_num(tmp_pat
     python_1, python_4 = grown("group", 1, native=False), grown("group", 4, native=False)
     plain_1, plain_4 = grown("plain", 1), grown("plain", 4)
     report = f"MiB grown: native {native_1:.0f}->{native_4:.0f}, python {python_1:.0f}->{python_4:.0f}, plain {plain_1:.0f}->{plain_4:.0f}"
+    print(report)
     assert plain_4 - plain_1 > 2 * 64, report  # the measure sees copies
     assert native_4 - native_1 < 0.25 * 64, report
     assert native_4 < python_4 + 32, report  # not more than the Python sessions that share the same way
+
+
+def test_a_run_releases_the_gil(tmp_path: Path) -> None:
+    """With a switch interval so long that Python never hands the GIL over by itself, the
+    main thread can run while the worker's run is in progress (the session's in-flight
+    count is 1) only if the worker released the GIL for the run."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 1024])],
+        [numpy_helper.from_array(np.ones((1024, 1024), np.float32), "w")],
+    )
+    path = tmp_path / "slow.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    native_runner.use_env()
+    runner = NativeRunner(policy="RR", initializers={})
+    runner.add_session(str(path), ONE_THREAD, CPU)
+    x = {"x": np.ones((512, 1024), np.float32)}
+    done = threading.Event()
+
+    def worker() -> None:
+        for _ in range(3):
+            runner.run(x, ["y"])
+        done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        seen_running = False
+        while not done.is_set() and not seen_running:
+            seen_running = runner.in_flight(0) == 1
+        thread.join(timeout=120)  # blocking: hands the GIL back whatever happened
+    finally:
+        sys.setswitchinterval(interval)
+    assert not thread.is_alive() and done.is_set()
+    assert seen_running
+    assert runner.in_flight(0) == 0
+    runner.close()
