@@ -44,7 +44,9 @@ the paper estimate assumes everything but that part overlaps: N cores serve
 min(N / wall, 1 / held) requests/s. THE MACHINE IS SHARED (2 cores, up to 7 agents, Linux
 autogroup scheduling: a process's threads share one group's CPU share): thread-scaling
 ratios measured while others load it understate what the route allows; read them beside
-"cores busy", and read the single-thread rows (interleaved, best of 5) for speed.
+"cores busy" and "CPU per request" (the host's CPU seconds over requests served: if threads
+contended, it would grow with them), and read the single-thread rows (interleaved, best of
+5) for speed.
 
 {THREADS} threads x {ROUNDS} requests each (batch {BATCH}, 16 distinct requests), demo model,
 session_num 1, the two measured alternately {REPEATS} times, best of each. C: `cabi_client serve` dlopens the library (RTLD_LOCAL) in a process without
@@ -127,7 +129,7 @@ def run() -> list[Row]:
             processor.close()
     c_rate, python_rate = max(c_rates), max(python_rates)
     ratio = c_rate / python_rate
-    return scaling_rows() + latency_rows() + [
+    return scaling_rows() + demo_rows() + latency_rows() + [
         Row(
             name=f"C ABI process() from {THREADS} C threads, batch {BATCH} (best of {REPEATS})",
             value=f"{c_rate:,.0f} req/s",
@@ -255,7 +257,8 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                 rows.append(Row(
                     name=f"C host, plain DLRM (26 tables, placement), batch {batch}, "
                          f"{'native route' if native else 'Python route (before)'}: 2 vs 1 thread "
-                         f"(cores busy {busy_two:.2f} vs {busy_one:.2f})",
+                         f"(cores busy {busy_two:.2f} vs {busy_one:.2f}; CPU per request "
+                         f"{busy_two / two * 1e6:.1f} vs {busy_one / one * 1e6:.1f} us)",
                     value=f"{two:,.0f} req/s", baseline=f"1 thread {one:,.0f} req/s", ratio=two / one,
                     goal=">= 1.8" if native else "", met=two / one >= 1.8 if native else None))
         config = work / "config_py.json"
@@ -327,4 +330,35 @@ def latency_rows(batches: tuple[int, ...] = (1, 64, 512), repeats: int = 5) -> l
                     met=us["native"] <= us["ort"] + 20 if batch == 1 else us["native"] <= us["python"]))
         finally:
             processor.close()
+    return rows
+
+
+def demo_rows(threads_list: tuple[int, ...] = (1, 2, 4)) -> list[Row]:
+    """C host on the demo model, batch 1, native route: 1, 2, 4 threads (session_num = threads)."""
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        demo = write_demo(work / "demo")
+        binary = _compile_client(work)
+        requests = _requests(demo.sample_inputs, 16)
+        rates: dict[int, tuple[float, float]] = {}
+        for threads in threads_list:
+            config = work / f"demo{threads}.json"
+            config.write_text(json.dumps(demo.config() | {"session_num": threads}))
+            processor = Processor(config.read_text())
+            replies = [processor.process_python(r) for r in requests]
+            processor.close()
+            (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
+            (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
+            probe = _c_rate(binary, work, config, threads, 200, True)[0]
+            rates[threads] = _c_rate(binary, work, config, threads, max(200, int(probe * SCALING_SECONDS / threads)),
+                                     True)
+        one = rates[threads_list[0]][0]
+        for threads in threads_list[1:]:
+            rate, busy = rates[threads]
+            rows.append(Row(
+                name=f"C host, demo model, batch 1, native route: {threads} vs 1 thread "
+                     f"(cores busy {busy:.2f} vs {rates[threads_list[0]][1]:.2f}; CPU per request "
+                     f"{busy / rate * 1e6:.1f} vs {rates[threads_list[0]][1] / one * 1e6:.1f} us)",
+                value=f"{rate:,.0f} req/s", baseline=f"1 thread {one:,.0f} req/s", ratio=rate / one))
     return rows
