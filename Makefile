@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: peers install native redis-server wrk clang serve test test-sanitize fuzz fuzz-merge bench proto docs clean
+.PHONY: peers install native redis-server wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[test]'
+	# TF Serving's gRPC client for the tests. --no-deps: it requires the `tensorflow`
+	# distribution, which would install a second TensorFlow over tensorflow-cpu (same module).
+	$(BIN)/pip install -q --no-deps 'tensorflow-serving-api>=2.16'
 	touch $@
 
 # Rebuilds the C libraries when their sources changed (editable installs do not).
@@ -31,6 +34,11 @@ wrk:
 clang:
 	@echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' | clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends clang libclang-rt-dev; }
 
+# buildah, podman and runc build and run the image (tests/image); debootstrap makes a
+# stand-in for its base image where no registry is reachable.
+container-tools:
+	@command -v buildah >/dev/null && command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends buildah podman runc debootstrap uidmap netavark aardvark-dns iptables; }
+
 serve: install
 	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
 	$(BIN)/recserve serve --config .demo/config.json
@@ -38,6 +46,12 @@ serve: install
 # tests/fuzz/test_fuzz_corpus.py runs every fuzz target briefly on its checked-in corpus.
 test: install redis-server clang
 	$(BIN)/python -m pytest -q
+
+# The Dockerfile built with buildah and run with podman (tests/image/test_image.py): every
+# protocol, the user, the size, the SIGTERM drain. RECSERVE_IMAGE_GPU=1 builds the gpu
+# target too (~3 GB of CUDA wheels). Needs root (rootful podman).
+image-test: install container-tools
+	RECSERVE_IMAGE_TEST=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/image
 
 # The native-heavy tests against libraries built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (RELIABILITY.md), in a copy of the tree so the regular build

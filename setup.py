@@ -67,7 +67,7 @@ NATIVE = [
     SharedLibrary(
         "recserve.wire.librecserve_codec",
         sources=["native/codec.c"],
-        depends=["native/codec.h"],
+        depends=["native/codec.h", "native/codec_tfs.inc"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,

@@ -167,15 +167,19 @@ def _native_env(config: ProcessorConfig, model: onnx.ModelProto) -> bool:
     does. RECSERVE_NATIVE_DENSE=0 turns the C API runner off."""
     if os.environ.get("RECSERVE_NATIVE_DENSE", "1") == "0" or not _native_types(model):
         return False
+    pools = None
     if _wants_global_pools(config):
         pools = (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads, config.allow_spinning)
-        try:
-            native_runner.use_env(pools)
-        except ModelLoadError as exc:  # the env exists without global pools
-            log.info("serving on Python ONNX Runtime sessions: %s", exc)
-            return False
-        return True
-    native_runner.use_env(None)
+    try:
+        native_runner.onnxruntime_library()
+    except ModelLoadError as exc:  # an onnxruntime package without its C library
+        log.warning("serving on Python ONNX Runtime sessions: %s", exc)
+        return False
+    try:
+        native_runner.use_env(pools)
+    except ModelLoadError as exc:  # the env exists without the global pools this model wants
+        log.info("serving on Python ONNX Runtime sessions: %s", exc)
+        return False
     return True
 
 
