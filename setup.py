@@ -72,6 +72,17 @@ NATIVE = [
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,
     ),
+    # The native request route (DESIGN §10): plain C, no Python. It parses with its own copy
+    # of the codec (a pure function) and reaches the embedding engine and the dense run
+    # through function pointers it is given, so tables stay those of the engine Python loaded.
+    SharedLibrary(
+        "recserve.processor.librecserve_route",
+        sources=["native/route.c", "native/codec.c"],
+        depends=["native/route.h", "native/dense_run.h", "native/codec.h", "native/embedding.h"],
+        include_dirs=["native"],
+        extra_compile_args=CFLAGS + ["-pthread"],
+        extra_link_args=["-pthread", *LDFLAGS],
+    ),
 ]
 
 # The C ABI shim embeds CPython, so it links the interpreter's shared library.
@@ -82,8 +93,8 @@ if os.path.exists("native/processor_shim.c"):
             "recserve.libserving_processor",
             sources=["native/processor_shim.c"],
             # processor.h ships inside the package, beside the library (`recserve include-path`).
-            depends=["recserve/include/processor.h"],
-            include_dirs=["recserve/include", sysconfig.get_paths()["include"]],
+            depends=["recserve/include/processor.h", "native/route.h"],
+            include_dirs=["recserve/include", "native", sysconfig.get_paths()["include"]],
             libraries=[f"python{sysconfig.get_config_var('LDVERSION')}", "dl"],
             library_dirs=[libdir],
             runtime_library_dirs=[libdir],

@@ -21,12 +21,20 @@
 #include <unistd.h>
 
 #include "processor.h"
+#include "route.h"
 
 #define HANDLE_MAGIC 0x7265637365727665ULL /* "recserve": catches a stray or destroyed pointer */
+
+typedef int (*route_process_fn)(rs_route_slot*, const uint8_t*, int64_t, uint8_t**, int64_t*, int64_t*);
 
 typedef struct {
     uint64_t magic;
     PyObject* processor; /* recserve.Processor, owned */
+    /* The native route (DESIGN §10): tried first, with the GIL released. NULL: Python only.
+     * The slot belongs to the processor's manager and lives as long as `processor`. */
+    route_process_fn route;
+    rs_route_slot* slot;
+    int batch_native; /* batch_process serves natively too (no dynamic batching to merge into) */
 } model_handle;
 
 /* recserve.processor.cabi's functions, resolved once (under the GIL) and kept forever. */
@@ -35,6 +43,7 @@ static PyObject* cabi_batch;
 static PyObject* cabi_info;
 static PyObject* cabi_close;
 static PyObject* cabi_load_version; /* recserve.processor.cabi.load_version */
+static PyObject* cabi_native_route; /* recserve.processor.cabi.native_route */
 static PyObject* cabi_process; /* set last: non-NULL means all six are set */
 
 static pthread_once_t interpreter_once = PTHREAD_ONCE_INIT;
@@ -297,8 +306,10 @@ static int load_cabi(void) {
     PyObject* close = PyObject_GetAttrString(module, "close");
     PyObject* load = PyObject_GetAttrString(module, "load_version");
     PyObject* process = PyObject_GetAttrString(module, "process");
+    PyObject* native = PyObject_GetAttrString(module, "native_route");
     Py_DECREF(module);
-    if (!open || !batch || !info || !close || !load || !process) {
+    if (!open || !batch || !info || !close || !load || !process || !native) {
+        Py_XDECREF(native);
         Py_XDECREF(open);
         Py_XDECREF(batch);
         Py_XDECREF(info);
@@ -308,12 +319,56 @@ static int load_cabi(void) {
         return -1;
     }
     cabi_load_version = load;
+    cabi_native_route = native;
     cabi_open = open;
     cabi_batch = batch;
     cabi_info = info;
     cabi_close = close;
     cabi_process = process;
     return 0;
+}
+
+/* Asks recserve.processor.cabi.native_route for the route's entry point and the processor's
+ * slot; without them (no native route library) every request takes Python. GIL held. */
+static void find_route(model_handle* handle) {
+    handle->route = NULL;
+    handle->slot = NULL;
+    handle->batch_native = 0;
+    PyObject* result = PyObject_CallFunctionObjArgs(cabi_native_route, handle->processor, NULL);
+    unsigned long long route = 0, slot = 0;
+    int batch_native = 0;
+    if (result && PyArg_ParseTuple(result, "KKp", &route, &slot, &batch_native) && route && slot) {
+        handle->route = (route_process_fn)(uintptr_t)route;
+        handle->slot = (rs_route_slot*)(uintptr_t)slot;
+        handle->batch_native = batch_native;
+    }
+    if (PyErr_Occurred()) {
+        char* text = exception_text();
+        fprintf(stderr, "[recserve] the native route is off for this model: %s\n", text ? text : "");
+        free(text);
+    }
+    Py_XDECREF(result);
+}
+
+/* The native route's response to one request: 1 with it in *output_data, 0 to take Python. */
+static int serve_native(model_handle* handle, const void* input_data, int input_size, void** output_data,
+                        int* output_size, int* status) {
+    if (!handle->route || input_size <= 0)
+        return 0;
+    uint8_t* out = NULL;
+    int64_t size = 0;
+    if (handle->route(handle->slot, input_data, input_size, &out, &size, NULL) != 200)
+        return 0;
+    if (size > INT_MAX) {
+        free(out);
+        *status = reply_text(RECSERVE_INTERNAL_ERROR, output_data, output_size,
+                             "response is %lld bytes, more than output_size (an int) can hold", (long long)size);
+        return 1;
+    }
+    *output_data = out;
+    *output_size = (int)size;
+    *status = RECSERVE_OK;
+    return 1;
 }
 
 /* Creates the Processor; returns the handle or NULL with a malloc'ed reason. GIL held. */
@@ -334,6 +389,7 @@ static model_handle* open_model(const char* model_entry, const char* model_confi
         if (handle) {
             handle->magic = HANDLE_MAGIC;
             handle->processor = Py_NewRef(processor);
+            find_route(handle);
         } else {
             *reason = strdup("out of memory");
         }
@@ -382,6 +438,9 @@ int process(void* model_buf, const void* input_data, int input_size, void** outp
         return reply_bad_handle(model_buf, output_data, output_size);
     if (!input_ok(input_data, input_size))
         return reply_bad_input(input_data, input_size, output_data, output_size);
+    int served;
+    if (serve_native(handle, input_data, input_size, output_data, output_size, &served))
+        return served; /* the steady path: no GIL taken */
 
     python_entry entry = enter_python();
     PyObject* data = PyBytes_FromStringAndSize(input_data, input_size);
@@ -452,21 +511,59 @@ int batch_process(void* model_buf, int count, const void* const input_data[], co
         }
     }
 
+    /* Natively served entries are done; the others (`left`, in order) go to Python in one call. */
+    int* left = malloc((size_t)(count > 0 ? count : 1) * sizeof(int));
+    if (!left)
+        return reply_batch_error(count, output_data, output_size, status, RECSERVE_INTERNAL_ERROR, "out of memory");
+    int n_left = 0, overall = RECSERVE_OK;
+    for (int i = 0; i < count; i++) {
+        if (handle->batch_native && serve_native(handle, input_data[i], input_size[i], &output_data[i],
+                                                 &output_size[i], &status[i])) {
+            if (overall == RECSERVE_OK && status[i] != RECSERVE_OK)
+                overall = status[i];
+        } else {
+            status[i] = -1; /* not served yet */
+            left[n_left++] = i;
+        }
+    }
+    if (n_left == 0) {
+        free(left);
+        return overall;
+    }
+    void** left_data = calloc((size_t)n_left, sizeof(void*));
+    int* left_size = calloc((size_t)n_left, sizeof(int));
+    int* left_status = calloc((size_t)n_left, sizeof(int));
     python_entry entry = enter_python();
-    PyObject* requests = PyList_New(count);
-    for (int i = 0; requests && i < count; i++) {
-        PyObject* data = PyBytes_FromStringAndSize(input_data[i], input_size[i]);
+    PyObject* requests = left_data && left_size && left_status ? PyList_New(n_left) : NULL;
+    for (int k = 0; requests && k < n_left; k++) {
+        PyObject* data = PyBytes_FromStringAndSize(input_data[left[k]], input_size[left[k]]);
         if (!data) {
             Py_CLEAR(requests);
             break;
         }
-        PyList_SET_ITEM(requests, i, data);
+        PyList_SET_ITEM(requests, k, data);
     }
-    PyObject* results = requests ? PyObject_CallFunctionObjArgs(cabi_batch, handle->processor, requests, NULL) : NULL;
-    int overall = reply_batch(results, count, output_data, output_size, status);
+    if (!requests) {
+        leave_python(entry);
+        for (int i = 0; i < count; i++) /* entries already served are freed: all get the error */
+            if (status[i] != -1)
+                free(output_data[i]);
+        free(left), free(left_data), free(left_size), free(left_status);
+        return reply_batch_error(count, output_data, output_size, status, RECSERVE_INTERNAL_ERROR, "out of memory");
+    }
+    PyObject* results = PyObject_CallFunctionObjArgs(cabi_batch, handle->processor, requests, NULL);
+    int python_overall = reply_batch(results, n_left, left_data, left_size, left_status);
     Py_XDECREF(results);
     Py_XDECREF(requests);
     leave_python(entry);
+    for (int k = 0; k < n_left; k++) {
+        output_data[left[k]] = left_data[k];
+        output_size[left[k]] = left_size[k];
+        status[left[k]] = left_status[k];
+    }
+    if (overall == RECSERVE_OK)
+        overall = python_overall;
+    free(left), free(left_data), free(left_size), free(left_status);
     return overall;
 }
 

@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from recserve.errors import InternalError, RecserveError
+from recserve.processor.native_route import route_process_address
 from recserve.processor.processor import Processor
 
-__all__ = ["close", "include_dir", "library_path", "model_info", "open_processor", "process", "process_batch"]
+__all__ = ["close", "include_dir", "library_path", "model_info", "native_route", "open_processor", "process", "process_batch"]
 
 LIBRARY_NAME = "libserving_processor.so"
 # Threads batch_process serves one call's requests on (with dynamic batching on); more
@@ -61,7 +62,19 @@ def open_processor(model_entry: bytes, model_config: bytes) -> tuple[Processor |
 
 
 def process(processor: Processor, data: bytes) -> tuple[int, bytes]:
-    return processor.process(data)
+    # The shim tried the native route already (without the GIL): this is the Python route.
+    return processor.process_python(data)
+
+
+def native_route(processor: Processor) -> tuple[int, int, bool]:
+    """(address of rs_route_process, address of the processor's route slot, whether
+    batch_process may serve natively); (0, 0, False) when there is no native route. Requests
+    with dynamic batching on still merge: the route's dense run goes through the batcher."""
+    slot = processor.route_slot
+    address = route_process_address()
+    if not slot.enabled or not address:
+        return 0, 0, False
+    return address, slot.address or 0, processor.config.max_batch_size == 0
 
 
 def process_batch(processor: Processor, requests: list[bytes]) -> list[tuple[int, bytes]]:
@@ -71,7 +84,7 @@ def process_batch(processor: Processor, requests: list[bytes]) -> list[tuple[int
     batch_timeout_micros alone. Otherwise they run in order on the calling thread."""
     if processor.config.max_batch_size > 0 and len(requests) > 1:
         return list(_batch_workers().map(processor.process, requests))
-    return [processor.process(data) for data in requests]
+    return [processor.process_python(data) for data in requests]
 
 
 _workers: ThreadPoolExecutor | None = None

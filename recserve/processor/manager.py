@@ -18,6 +18,7 @@ from typing import Generic, Protocol, TypeVar
 
 from recserve.errors import ModelNotReadyError
 from recserve.processor import heap
+from recserve.processor.native_route import RouteSlot
 
 __all__ = ["Closeable", "ServableManager"]
 
@@ -67,6 +68,9 @@ class ServableManager(Generic[S]):
         self._on_swap = on_swap
         self._lock = threading.Lock()
         self._current: _Handle[S] | None = None
+        # The native route's view of `_current` (DESIGN §10): a servable's native part, if it
+        # has one, published by atomic pointer swap; native requests lease it there.
+        self.route_slot = RouteSlot()
         self._retired: queue.SimpleQueue[S | None] = queue.SimpleQueue()
         self._closer = threading.Thread(target=self._close_retired, name=f"recserve-closer-{model_name}", daemon=True)
         self._closer.start()
@@ -137,6 +141,7 @@ class ServableManager(Generic[S]):
         new = _Handle(servable) if servable is not None else None
         with self._lock:
             old, self._current = self._current, new
+            self.route_slot.publish(servable)
             if old is not None:
                 old.retired = True
                 close_now = old.leases == 0

@@ -30,6 +30,7 @@ from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
 from recserve.model_store.watcher import VersionWatcher
 from recserve.processor.manager import ServableManager
+from recserve.processor.native_route import RouteSlot
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
 from recserve.runtime.placement import PlacedModel, place_embeddings
@@ -136,6 +137,11 @@ class Processor:
         return self._model_copy or self.config.savedmodel_dir
 
     @property
+    def route_slot(self) -> RouteSlot:
+        """Where the native route finds this model's current version (the C ABI's process())."""
+        return self._manager.route_slot
+
+    @property
     def placed(self) -> PlacedModel | None:
         return self._placed
 
@@ -193,6 +199,17 @@ class Processor:
 
     def process(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
         """(200, PredictResponse bytes) or (status, UTF-8 message). Never raises."""
+        # The native route first (DESIGN §10): bytes to bytes in C, the GIL released; a miss,
+        # an error or a Python-only feature (an ONNX Runtime profile) comes back as None.
+        if data:
+            response = self._manager.route_slot.process(data, trace)
+            if response is not None:
+                return 200, response
+        return self.process_python(data, trace=trace)
+
+    def process_python(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
+        """`process` on the Python route only: the spec the native route is tested against,
+        and where every request the native route does not serve goes."""
         trace = trace or RequestTrace()
         try:
             if not data:
@@ -270,6 +287,9 @@ class Processor:
             "last_error": updates.get("last_error"),
             "load": self.progress.snapshot(),
             "tables": {name: {"rows": len(t)} for name, t in servable.tables.items()} if servable else {},
+            # Requests served by the native route, and those that took the Python one by reason.
+            "native_route": {"enabled": bool(servable is not None and servable.native is not None),
+                             **self._manager.route_slot.counters()},
         }
 
     def model_info_bytes(self) -> bytes:

@@ -30,7 +30,7 @@ from recserve.processor.signature import Signature
 
 if TYPE_CHECKING:
     from recserve.runtime.input_concat import InputConcat
-    from recserve.wire._codec_native import ParsedRequest
+    from recserve.wire._codec_native import ParsedRequest, WireInput
 
 __all__ = ["RequestRoute"]
 
@@ -42,14 +42,15 @@ class _FoldedFeed:
     `columns` (start, stop, reader) and `blocks` (first column, arena offset, count, dim) of
     alike plan outputs standing side by side in both the arena and the Concat."""
 
-    __slots__ = ("blocks", "columns", "name", "width")
+    __slots__ = ("blocks", "column_inputs", "columns", "name", "width")
 
     def __init__(self, name: str, width: int, columns: tuple[tuple[int, int, _Reader], ...],
-                 blocks: tuple[tuple[int, int, int, int], ...]) -> None:
+                 blocks: tuple[tuple[int, int, int, int], ...], column_inputs: tuple[str, ...] = ()) -> None:
         self.name = name
         self.width = width
         self.columns = columns
         self.blocks = blocks
+        self.column_inputs = column_inputs   # the graph input of each of `columns`
 
     @classmethod
     def build(cls, concat: InputConcat, batch: int, part_widths: Mapping[str, int],
@@ -70,13 +71,15 @@ class _FoldedFeed:
                 last[2] += 1
             else:
                 blocks.append([where[name], offset, 1, dim])
-        columns = []
+        columns, column_inputs = [], []
         for name in concat.parts:
             if name in dense:
                 columns.append((where[name], where[name] + part_widths[name], dense[name]))
+                column_inputs.append(name)
             elif name not in {n for n, _, _ in outputs}:
                 return None
-        return cls(concat.output, column, tuple(columns), tuple(tuple(b) for b in blocks))  # type: ignore[misc]
+        return cls(concat.output, column, tuple(columns), tuple(tuple(b) for b in blocks),  # type: ignore[misc]
+                   tuple(column_inputs))
 
     def fill(self, arena: np.ndarray, values: np.ndarray, data: bytes, batch: int) -> np.ndarray:
         out = np.empty((batch, self.width), dtype=np.float32)
@@ -91,7 +94,7 @@ class _FoldedFeed:
 
 class RequestRoute:
     __slots__ = ("_bound", "_dense", "_folded", "_layout", "_plan", "_strings", "batch_size", "output_keys",
-                 "output_names")
+                 "output_names", "sources")
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class RequestRoute:
         outputs: Sequence[tuple[str, str]],
         batch_size: int,
         folded: _FoldedFeed | None = None,
+        sources: Mapping[str, tuple[WireInput, np.dtype[Any]]] | None = None,
     ) -> None:
         self._plan = plan
         self._layout = layout          # the plan's packed layout of the bindings' ids
@@ -113,6 +117,9 @@ class RequestRoute:
         self.output_names = [name for _, name in outputs]
         self.batch_size = batch_size
         self._folded = folded          # set: the Concat input is filled here, see _FoldedFeed
+        # Every dense graph input (folded or not): where it sits on the wire and the dtype it
+        # is fed as; what recserve.processor.native_route compiles the route from.
+        self.sources = dict(sources or {})
 
     @classmethod
     def build(
@@ -137,7 +144,7 @@ class RequestRoute:
             elif not inp.int64_values:
                 return None
             spans.append((inp.slot, ids.shape))
-        readers = []
+        readers, sources = [], {}
         for alias, graph_input in dense:
             inp, arr = wire[alias], arrays[alias]
             read = inp.reader()
@@ -145,6 +152,7 @@ class RequestRoute:
             if raw.shape != arr.shape:
                 return None
             readers.append((graph_input, read, arr.dtype if raw.dtype != arr.dtype else None))
+            sources[graph_input] = (inp, arr.dtype)
         batch = next((a.shape[0] for a in arrays.values() if a.ndim), 1)
         layout = plan.packed(spans)
         folded = None
@@ -155,7 +163,7 @@ class RequestRoute:
             readers = [r for r in readers if r[0] not in concat.parts]  # type: ignore[union-attr]
         return cls(
             plan, layout, tuple(g for _, g, _ in bound), tuple(readers), tuple(strings),
-            [(key, sig.outputs[alias].name) for key, alias in outputs], batch, folded,
+            [(key, sig.outputs[alias].name) for key, alias in outputs], batch, folded, sources,
         )
 
     @staticmethod

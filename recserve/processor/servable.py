@@ -26,6 +26,7 @@ from recserve.model_store.model_dir import ModelDir
 from recserve.model_store.tf_checkpoint import dense_by_initializer
 from recserve.model_store.updater import apply_delta
 from recserve.processor.merged_runs import process_merged
+from recserve.processor.native_route import NativeServable, native_servable
 from recserve.processor.request_route import RequestRoute
 from recserve.processor.session_group import SessionGroup
 from recserve.processor.signature import DEFAULT_SIGNATURE, GraphTensor, Signature, build_signatures
@@ -162,6 +163,9 @@ class Servable:
     # Called after each delta is applied (the leader of worker processes tells the workers
     # which keys changed in Redis, so they drop them from their caches).
     on_delta: Callable[[Checkpoint], None] | None = None
+    # The native request route's part of this version (native_route.NativeServable), or
+    # None when its requests need Python (Redis tables, a placed ids graph).
+    native: NativeServable | None = None
 
     @classmethod
     def load(
@@ -252,7 +256,7 @@ class Servable:
             pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
             plans[name] = (dense, bound, plan)
-        return cls(
+        servable = cls(
             version=checkpoint.ref.name,
             global_step=checkpoint.manifest.global_step,
             model=model,
@@ -266,6 +270,8 @@ class Servable:
             redis=redis,
             dense_overrides=sessions.dense_overrides,
         )
+        servable.native = native_servable(servable)
+        return servable
 
     def process(self, data: bytes, trace: RequestTrace) -> bytes:
         """PredictResponse bytes for PredictRequest bytes; raises RecserveError. Requests the
@@ -344,6 +350,8 @@ class Servable:
             if len(self.routes) >= self._MAX_ROUTES:
                 self.routes.clear()
             self.routes[parsed.layout] = route
+            if self.native is not None:
+                self.native.add(parsed.layout, route)
         return route
 
     def signature(self, name: str | None) -> Signature:
@@ -423,6 +431,8 @@ class Servable:
 
     def close(self) -> None:
         """Free the version; the manager calls it once the last request's lease ends."""
+        if self.native is not None:
+            self.native.close()   # waits for the native leases: they read its tables and sessions
         self.sessions.close()
         if self.redis is not None:
             self.redis.close()

@@ -148,6 +148,14 @@ class ModelCollector(Collector):
         waiting = GaugeMetricFamily("recserve_requests_waiting",
                                     "Requests that arrived and wait for their turn (admission; at most "
                                     "max_queued_requests).", labels=["model"])
+        native = CounterMetricFamily("recserve_native_route_requests",
+                                     "Requests answered by the native route (C, the GIL released; DESIGN §10).",
+                                     labels=["model"])
+        fallbacks = CounterMetricFamily("recserve_native_route_fallbacks",
+                                        "Requests that took the Python route instead, by reason: no_servable (the "
+                                        "version needs Python: Redis tables, a placed ids graph), parse, "
+                                        "route_miss (a new layout, or one with no native form), lookup, run, "
+                                        "output, memory, empty, trace.", labels=["model", "reason"])
         progress = GaugeMetricFamily("recserve_model_load_progress",
                                      "Fraction done of the version loading now (checksums, then tables); 1 when "
                                      "nothing loads.", labels=["model"])
@@ -169,8 +177,13 @@ class ModelCollector(Collector):
             updates.add_metric([name, "delta"], float(info.get("delta_updates", 0)))
             for reason, count in info.get("update_failures", {}).items():
                 failures.add_metric([name, reason], float(count))
+            route = info.get("native_route") or {}
+            native.add_metric([name], float(route.get("served", 0)))
+            for reason, count in (route.get("fallbacks") or {}).items():
+                fallbacks.add_metric([name, reason], float(count))
             for table, stats in info.get("tables", {}).items():
                 rows.add_metric([name, table], float(stats["rows"]))
                 if stats.get("lookups"):
                     hit_rate.add_metric([name, table], stats["hits"] / stats["lookups"])
-        yield from (ready, waiting, progress, version, step, loads, updates, failures, rows, hit_rate)
+        yield from (ready, waiting, progress, version, step, loads, updates, failures, rows, hit_rate, native,
+                    fallbacks)

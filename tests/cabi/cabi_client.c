@@ -200,15 +200,21 @@ static int mode_serve(char** argv) {
         workers[t] = (worker){model, &requests, &expected, t * 7, rounds, NULL, NULL, 0, 0, 0};
     worker warmup = {model, &requests, &expected, 0, requests.count, NULL, NULL, 0, 0, 0};
     serve(&warmup); /* one pass before timing; checked like the rest */
+    struct timespec cpu_start, cpu_end;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu_start);
     double start = now();
     run_workers(workers, threads);
     double seconds = now() - start;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu_end);
     int sent = 0, mismatched = warmup.mismatched;
     for (int t = 0; t < threads; t++) {
         sent += workers[t].sent;
         mismatched += workers[t].mismatched;
     }
-    printf("sent %d mismatched %d seconds %.6f\n", sent, mismatched, seconds);
+    /* cpu: the process's CPU seconds meanwhile (every thread, ONNX Runtime's included):
+     * cpu / seconds is how many cores the threads kept busy. */
+    double cpu = (double)(cpu_end.tv_sec - cpu_start.tv_sec) + (cpu_end.tv_nsec - cpu_start.tv_nsec) / 1e9;
+    printf("sent %d mismatched %d seconds %.6f cpu %.6f\n", sent, mismatched, seconds, cpu);
     destroy_(model);
     free(workers);
     free_records(&requests);

@@ -45,7 +45,7 @@ def test_one_call_is_merged_into_shared_runs(demo, processor, make_requests) -> 
         replies = cabi.process_batch(batching, requests)
     finally:
         batching.close()
-    _assert_same_replies(replies, [processor.process(r) for r in requests])
+    _assert_same_replies(replies, [processor.process_python(r) for r in requests])
     assert 1 <= len(runs) < 6  # six valid requests, fewer runs: merged
 
 
@@ -54,4 +54,4 @@ def test_batch_process_from_c_with_batching_on(client, demo, processor, make_req
     config = client.config_file("batching.json", json.dumps(_batching_config(demo)))
     result = client.run("batch", config, client.requests_file("merged.req", requests), client.workdir / "merged.out")
     assert result.returncode == 0, result.stderr
-    _assert_same_replies(client.read_replies("merged.out"), [processor.process(r) for r in requests])
+    _assert_same_replies(client.read_replies("merged.out"), [processor.process_python(r) for r in requests])

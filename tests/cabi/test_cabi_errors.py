@@ -30,7 +30,7 @@ def test_bad_requests_get_400_with_the_python_message(client, demo, processor) -
     )
     assert result.returncode == 0, result.stderr
     replies = dict(zip(requests, client.read_replies("errors.out")))
-    assert replies == {name: processor.process(r) for name, r in requests.items()}
+    assert replies == {name: processor.process_python(r) for name, r in requests.items()}
     assert [status for status, _ in replies.values()] == [400, 400, 400, 400, 200]
     assert b"no_such_input" in replies["unknown input"][1]
     assert b"user_id" in replies["wrong dtype"][1]

@@ -44,7 +44,7 @@ def test_valgrind_finds_no_definite_leak_in_the_shim(
     # Batches of 6..8 make requests over 512 bytes: CPython takes those from malloc, not
     # from its arenas, so a leaked request object shows up too.
     requests = [*make_requests(demo, 8, batch=8, min_batch=6, seed=6), b"", b"\xff garbage"]
-    expected = [processor.process(r) for r in requests]
+    expected = [processor.process_python(r) for r in requests]
     log = client.workdir / "valgrind.log"
     result = client.run(
         "serve",
@@ -96,7 +96,7 @@ def test_python_host_uses_its_interpreter_and_leaks_no_objects(
         return status, data
 
     try:
-        assert [call(r) for r in requests] == [processor.process(r) for r in requests]
+        assert [call(r) for r in requests] == [processor.process_python(r) for r in requests]
         for _ in range(200):  # warm caches before counting
             call(requests[0])
         before = sys.getallocatedblocks()

@@ -37,14 +37,14 @@ def test_a_host_linking_the_library_with_the_installed_header(client, demo, proc
     reply = client.workdir / "linked.reply"
     result = client.execute([binary, demo.config_path, demo.warmup_path, reply])
     assert result.returncode == 0, result.stderr[-2000:]
-    assert (int(result.stdout), reply.read_bytes()) == processor.process(demo.warmup_path.read_bytes())
+    assert (int(result.stdout), reply.read_bytes()) == processor.process_python(demo.warmup_path.read_bytes())
 
 
 def test_8_threads_x_2000_requests_equal_python_process(
     client, demo, processor, make_requests
 ) -> None:
     requests = [*make_requests(demo, 24, batch=4), b""]  # b"": the input_size == 0 probe
-    expected = [processor.process(r) for r in requests]
+    expected = [processor.process_python(r) for r in requests]
     assert [s for s, _ in expected] == [200] * len(requests)
     result = client.run(
         "serve",
@@ -70,7 +70,7 @@ def test_each_reply_equals_python_process(client, demo, processor, make_requests
     )
     assert result.returncode == 0, result.stderr
     replies = client.read_replies("once.out")
-    assert replies == [processor.process(r) for r in requests]
+    assert replies == [processor.process_python(r) for r in requests]
     response = predict_pb2.PredictResponse.FromString(replies[0][1])
     assert set(response.outputs) == {"probabilities", "logits"}
     assert replies[-1] == (200, json.dumps(processor.signature_info()).encode())
@@ -91,7 +91,7 @@ def test_batch_process_gives_each_request_its_own_reply(
         client.workdir / "batch.out",
     )
     assert result.returncode == 0, result.stderr
-    assert client.read_replies("batch.out") == [processor.process(r) for r in requests]
+    assert client.read_replies("batch.out") == [processor.process_python(r) for r in requests]
     assert result.stdout == "batch_status 400\n"  # the first status that is not 200
 
 
@@ -121,7 +121,7 @@ def test_two_handles_serve_concurrently_and_destroy_frees_one(
     processor_b = Processor(config_b.read_text())
     try:
         requests = make_requests(demo, 12, batch=4, seed=4)
-        expected_a = [processor.process(r) for r in requests]
+        expected_a = [processor.process_python(r) for r in requests]
         expected_b = [processor_b.process(r) for r in requests]
     finally:
         processor_b.close()
@@ -158,7 +158,7 @@ def test_readme_example_compiles_and_runs(client, demo, processor) -> None:
     binary = client.compile(path, "example")
     result = client.execute([binary, client.library, demo.config_path, demo.warmup_path])
     assert result.returncode == 0, result.stderr
-    status, response = processor.process(demo.warmup_path.read_bytes())
+    status, response = processor.process_python(demo.warmup_path.read_bytes())
     signature = json.dumps(processor.signature_info())
     assert result.stdout.splitlines() == [
         f"process: status {status}, PredictResponse of {len(response)} bytes",

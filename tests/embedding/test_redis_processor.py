@@ -233,3 +233,21 @@ def test_a_lost_version_whose_files_are_gone_gives_way_to_the_newest_readable(
     finally:
         for p in replicas:
             p.close()
+
+
+def test_redis_tables_take_the_python_route_counted(demo: DemoModel, redis_server: Any) -> None:
+    """Redis lookups are Python: the version has no native part, and every request says why
+    (DESIGN §10, /metrics' recserve_native_route_fallbacks_total{reason="no_servable"})."""
+    from recserve.wire.codec import encode_request
+
+    processor = Processor(redis_config(demo, redis_server))
+    try:
+        data = encode_request(demo.sample_inputs(3, np.random.default_rng(70)))
+        answers = [processor.process(data) for _ in range(3)]
+        assert answers[0][0] == 200 and answers.count(answers[0]) == 3
+        assert answers[0] == processor.process_python(data)
+        route = processor.model_info()["native_route"]
+        assert route["enabled"] is False and route["served"] == 0
+        assert route["fallbacks"]["no_servable"] == 3
+    finally:
+        processor.close()

@@ -121,6 +121,27 @@ def checkpoint_seeds() -> None:
     write("checkpoint", bytes([3]) + b'{"format": "recserve.checkpoint/1", "kind": "full", "global_step": 1, "files": {}}')
 
 
+def route_seeds() -> None:
+    """A route choice byte, then a request: requests as the demo model and the plain DLRM
+    model get them (ids, strings, dense floats), and the codec's corpus."""
+    from recserve.export.demo import DEMO_SPEC  # noqa: F401  (the demo's inputs, below)
+    from recserve.wire.codec import encode_request
+
+    rng = np.random.default_rng(24)
+    requests = [
+        encode_request({"user_id": np.array([1, 2], np.int64), "city": np.array([b"a", b""], dtype=object),
+                        "age": np.array([[1.5], [2.0]], np.float32)}),
+        encode_request({"dense": rng.random((2, 13), dtype=np.float32),
+                        **{f"C{t}": rng.integers(0, 9, 2) for t in range(4)}}, output_filter=["prob"]),
+        encode_request({"hist": np.array([[1, 2, -1], [3, -1, -1]], np.int64), "w": np.array([1, 0], np.int32),
+                        "flag": np.array([True, False]), "x": np.array([[0.5, 2.0]], np.float64)}),
+    ]
+    codec = sorted((HERE / "corpus" / "codec").iterdir())[:60]
+    requests += [path.read_bytes() for path in codec]
+    for i, data in enumerate(requests):
+        write("route", bytes([i * 37 % 256]) + data)
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     codec_seeds()
@@ -128,6 +149,7 @@ def main() -> None:
     engine_seeds()
     ssd_seeds()
     checkpoint_seeds()
+    route_seeds()
 
 
 if __name__ == "__main__":

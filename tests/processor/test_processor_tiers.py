@@ -16,6 +16,7 @@ from recserve.errors import StorageError
 from recserve.export import TableData, write_checkpoint
 from recserve.export.demo import demo_dense, demo_tables, write_demo
 from recserve.export.reference import Reference
+from recserve.wire.codec import encode_request
 
 
 def _wait(condition, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -50,6 +51,12 @@ def test_tiered_tables_serve_the_checkpoint_and_free_retired_files(tmp_path: Pat
             got, want = processor.predict(request), reference.predict(request)
             for alias in want:
                 assert float(np.abs(got[alias] - want[alias]).max()) <= 1e-6
+        # Over the wire the tiered tables take the native route (their lookups are the engine's).
+        data = encode_request(demo.sample_inputs(4, rng))
+        processor.process(data)   # the layout's first request: validated in Python
+        served_before = processor.model_info()["native_route"]["served"]
+        assert processor.process(data) == processor.process_python(data)
+        assert processor.model_info()["native_route"]["served"] == served_before + 1
         assert (ssd / "default" / "1").is_dir()
 
         scaled = {name: TableData(t.keys, t.values * 2) for name, t in tables.items()}

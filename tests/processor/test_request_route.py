@@ -41,7 +41,7 @@ def _process(processor: Processor, inputs: dict[str, object], **kwargs: object) 
 def _general_path(processor: Processor, data: bytes, monkeypatch: pytest.MonkeyPatch) -> bytes:
     with monkeypatch.context() as m:
         m.setattr(codec, "_native_parse", None)  # parse_request declines: decode + predict
-        status, body = processor.process(data)
+        status, body = processor.process_python(data)  # and not the native route
     assert status == 200, body
     return body
 

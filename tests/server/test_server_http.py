@@ -269,6 +269,9 @@ def test_metrics_count_requests_errors_and_stages(server, demo):
     assert lines['recserve_serving_version{model="default",version="1"}'] == 1.0
     assert lines['recserve_serving_global_step{model="default"}'] == 1.0
     assert lines['recserve_model_loads_total{model="default",result="ok"}'] == 1.0
+    # the native route answered the repeats of one layout; the bad bytes went to Python
+    assert lines['recserve_native_route_requests_total{model="default"}'] >= 2
+    assert lines['recserve_native_route_fallbacks_total{model="default",reason="parse"}'] >= 1
 
 
 def test_request_size_limit(launch, demo):

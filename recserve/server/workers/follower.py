@@ -221,6 +221,9 @@ class FollowerProcessor(Processor):
             "signature_name": servable.default_signature if servable else None,
             "tables": {name: {"rows": len(t)} for name, t in servable.tables.items()} if servable else {},
             "worker": self._pool.index,
+            # This worker's own native route (the leader's counts are the leader's requests).
+            "native_route": {"enabled": bool(servable is not None and servable.native is not None),
+                             **self._manager.route_slot.counters()},
         })
         return info
 

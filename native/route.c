@@ -1,0 +1,890 @@
+/* The native request route: see route.h for the objects, their ownership and the leases.
+ *
+ * A compiled route is the C twin of recserve.processor.request_route.RequestRoute for one
+ * request layout: which string-id spans of the parser's values buffer to hash in place, the
+ * lookup plan's tasks (rs_lookup_at, offsets from the values buffer and the output arena),
+ * the dense inputs as (slot, wire kind, count) -> (ONNX type, shape) copies, the folded Concat
+ * input if the session group has one, and the outputs to ask for and how to name them. Every
+ * check a route stands for was made in Python when the layout was first seen; equal layout
+ * bytes mean equal names, dtypes, shapes and slots, so a request here only moves values.
+ */
+#include "route.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec.h"
+
+#define ROUTE_FORMAT 1
+#define ROUTE_BUCKETS 2048 /* power of two; twice Servable._MAX_ROUTES */
+#define SCRATCH_START (1 << 12)
+#define SCRATCH_MAX (1 << 20)
+
+enum { SRC_INT64 = 0, SRC_FLOAT32 = 1, SRC_FLOAT64 = 2 };
+/* tensorflow.eas.ArrayDataType values the encoder writes. */
+enum { DT_FLOAT = 1, DT_DOUBLE = 2, DT_INT32 = 3, DT_INT64 = 9, DT_BOOL = 10 };
+
+typedef struct {
+    const char* name;
+    int64_t src, slot, count; /* the request's values: wire kind, first slot, element count */
+    int32_t elem_type;        /* what the graph is fed (RS_ELEM_*) */
+    int64_t shape[RS_DENSE_MAX_RANK];
+    size_t rank;
+} dense_input;
+
+typedef struct {
+    const char* name;
+    int64_t offset; /* floats into the arena */
+    int64_t shape[RS_DENSE_MAX_RANK];
+    size_t rank;
+} bound_input;
+
+typedef struct {
+    int64_t start, stop, src, slot, count;
+} fold_column;
+
+typedef struct {
+    int64_t column, offset, count, dim;
+} fold_block;
+
+typedef struct {
+    uint8_t* key;
+    int64_t key_size;
+    uint64_t hash;
+    int64_t batch;
+    int64_t values_end; /* slots the route reads: the request's values buffer holds at least these */
+    int64_t n_strings;
+    int64_t* strings; /* (first, stop) pairs */
+    int64_t n_tasks;
+    rs_lookup_task* tasks;
+    int64_t arena_floats;
+    int64_t n_bound;
+    bound_input* bound;
+    int64_t n_dense;
+    dense_input* dense;
+    const char* fold_name; /* NULL: no folded Concat input */
+    int64_t fold_width, n_columns, n_blocks;
+    fold_column* columns;
+    fold_block* blocks;
+    int64_t n_outputs;
+    const char** output_keys;   /* response names */
+    const char** output_names;  /* graph output names */
+    char* names;                /* owns every name above */
+} route;
+
+/* Fields every request writes sit on cache lines of their own, apart from those every
+ * request only reads: two threads serving at once must not invalidate each other's copy of
+ * the read-mostly ones (measured: a demo-model request cost 40% more CPU at 2 threads). */
+#define LINE 64
+
+struct rs_servable {
+    _Alignas(LINE) atomic_int_fast64_t leases;
+    _Alignas(LINE) int64_t id;
+    rs_dense_run_fn run;
+    void* runner;
+    rs_lookup_at_fn lookup_at;
+    rs_xxh64_spans_fn xxh64_spans;
+    atomic_int_fast64_t n_routes;
+    _Atomic(route*) routes[ROUTE_BUCKETS];
+};
+
+/* Counters are striped: each thread adds to its own stripe (picked once per thread), a
+ * reader sums them. */
+#define STRIPES 16
+
+typedef struct {
+    _Alignas(LINE) atomic_int_fast64_t n[RS_COUNTERS];
+} counter_stripe;
+
+struct rs_route_slot {
+    _Alignas(LINE) atomic_int_fast64_t entering;
+    _Alignas(LINE) _Atomic(rs_servable*) current;
+    atomic_int reason_if_null;
+    counter_stripe stripes[STRIPES];
+};
+
+static atomic_int next_stripe;
+static _Thread_local int my_stripe = -1;
+
+/* Zeroed memory aligned to a cache line (the structs above ask for it). */
+static void* alloc_lines(size_t size) {
+    size = (size + LINE - 1) / LINE * LINE;
+    void* p = aligned_alloc(LINE, size);
+    if (p)
+        memset(p, 0, size);
+    return p;
+}
+
+/* ---- clocks and counters -------------------------------------------------------------- */
+
+static int64_t now_ns(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void count(rs_route_slot* slot, int which, int64_t by) {
+    if (my_stripe < 0)
+        my_stripe = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) % STRIPES;
+    atomic_fetch_add_explicit(&slot->stripes[my_stripe].n[which], by, memory_order_relaxed);
+}
+
+rs_route_slot* rs_slot_create(void) {
+    rs_route_slot* slot = alloc_lines(sizeof *slot);
+    if (slot)
+        atomic_store(&slot->reason_if_null, RS_FALLBACK_NO_SERVABLE);
+    return slot;
+}
+
+void rs_slot_free(rs_route_slot* slot) {
+    free(slot);
+}
+
+void rs_slot_count(rs_route_slot* slot, int32_t reason) {
+    if (reason >= 0 && reason < RS_FALLBACK_REASONS)
+        count(slot, reason, 1);
+}
+
+int64_t rs_slot_counters(rs_route_slot* slot, int64_t* out, int64_t cap) {
+    for (int64_t i = 0; i < cap && i < RS_COUNTERS; i++) {
+        out[i] = 0;
+        for (int k = 0; k < STRIPES; k++)
+            out[i] += atomic_load_explicit(&slot->stripes[k].n[i], memory_order_relaxed);
+    }
+    return RS_COUNTERS;
+}
+
+/* ---- leases ---------------------------------------------------------------------------- */
+
+static rs_servable* lease(rs_route_slot* slot) {
+    atomic_fetch_add(&slot->entering, 1);
+    rs_servable* s = atomic_load(&slot->current);
+    if (s)
+        atomic_fetch_add_explicit(&s->leases, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&slot->entering, 1, memory_order_release);
+    return s;
+}
+
+static void unlease(rs_servable* s) {
+    atomic_fetch_sub_explicit(&s->leases, 1, memory_order_release);
+}
+
+void rs_slot_publish(rs_route_slot* slot, rs_servable* s, int32_t reason_if_null) {
+    if (s)
+        atomic_fetch_add(&s->leases, 1);
+    atomic_store(&slot->reason_if_null, reason_if_null);
+    rs_servable* old = atomic_exchange(&slot->current, s);
+    /* A request that loaded `old` before the exchange is still inside the slot until its
+     * lease is counted: only then may the slot's own lease go. */
+    while (atomic_load_explicit(&slot->entering, memory_order_acquire) != 0) {
+        struct timespec pause = {0, 1000};
+        nanosleep(&pause, NULL);
+    }
+    if (old)
+        unlease(old);
+}
+
+rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, rs_lookup_at_fn lookup_at,
+                                rs_xxh64_spans_fn xxh64_spans) {
+    if (!run || !lookup_at || !xxh64_spans)
+        return NULL;
+    rs_servable* s = alloc_lines(sizeof *s);
+    if (!s)
+        return NULL;
+    atomic_store(&s->leases, 1);
+    s->id = id;
+    s->run = run;
+    s->runner = runner;
+    s->lookup_at = lookup_at;
+    s->xxh64_spans = xxh64_spans;
+    return s;
+}
+
+int64_t rs_servable_leases(rs_servable* s) {
+    return atomic_load(&s->leases);
+}
+
+int rs_servable_drain(rs_servable* s, int64_t timeout_ms) {
+    int64_t deadline = now_ns(CLOCK_MONOTONIC) + timeout_ms * 1000000;
+    while (atomic_load_explicit(&s->leases, memory_order_acquire) > 1) {
+        if (now_ns(CLOCK_MONOTONIC) >= deadline)
+            return 1;
+        struct timespec pause = {0, 100000};
+        nanosleep(&pause, NULL);
+    }
+    return 0;
+}
+
+static void route_free(route* r) {
+    if (!r)
+        return;
+    free(r->key);
+    free(r->strings);
+    free(r->tasks);
+    free(r->bound);
+    free(r->dense);
+    free(r->columns);
+    free(r->blocks);
+    free(r->output_keys);
+    free(r->output_names);
+    free(r->names);
+    free(r);
+}
+
+void rs_servable_free(rs_servable* s) {
+    if (!s)
+        return;
+    for (int i = 0; i < ROUTE_BUCKETS; i++)
+        route_free(atomic_load(&s->routes[i]));
+    free(s);
+}
+
+int64_t rs_servable_routes(rs_servable* s) {
+    return atomic_load(&s->n_routes);
+}
+
+/* ---- compiling a route from its description -------------------------------------------- */
+
+typedef struct {
+    const int64_t* ints;
+    int64_t n, at;
+    const char* names;
+    int64_t names_size;
+    bool bad;
+} reader;
+
+static int64_t next(reader* r) {
+    if (r->at >= r->n) {
+        r->bad = true;
+        return 0;
+    }
+    return r->ints[r->at++];
+}
+
+/* A count of items that each need at least `width` more ints. */
+static int64_t next_count(reader* r, int64_t width) {
+    int64_t n = next(r);
+    if (n < 0 || n > (r->n - r->at) / (width > 0 ? width : 1))
+        r->bad = true;
+    return r->bad ? 0 : n;
+}
+
+static const char* next_name(reader* r, const char* base) {
+    int64_t at = next(r);
+    if (at < 0 || at >= r->names_size || !memchr(r->names + at, '\0', (size_t)(r->names_size - at))) {
+        r->bad = true;
+        return "";
+    }
+    return base + at;
+}
+
+static size_t next_shape(reader* r, int64_t* shape, int64_t* elements) {
+    int64_t rank = next(r);
+    if (rank < 0 || rank > RS_DENSE_MAX_RANK) {
+        r->bad = true;
+        return 0;
+    }
+    int64_t total = 1;
+    for (int64_t i = 0; i < rank; i++) {
+        shape[i] = next(r);
+        if (shape[i] < 0 || (shape[i] && total > INT64_MAX / shape[i]))
+            r->bad = true;
+        else
+            total *= shape[i];
+    }
+    *elements = total;
+    return (size_t)rank;
+}
+
+static bool valid_elem(int64_t t) {
+    return t == RS_ELEM_FLOAT || t == RS_ELEM_DOUBLE || t == RS_ELEM_INT32 || t == RS_ELEM_INT64 || t == RS_ELEM_BOOL;
+}
+
+static int64_t src_slots(int64_t src, int64_t count) {
+    return src == SRC_FLOAT32 ? (count + 1) / 2 : count;
+}
+
+static void reach(route* rt, int64_t slot, int64_t slots) {
+    if (slot + slots > rt->values_end)
+        rt->values_end = slot + slots;
+}
+
+static uint64_t hash_key(const uint8_t* key, int64_t size) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (int64_t i = 0; i < size; i++)
+        h = (h ^ key[i]) * 1099511628211ULL;
+    return h;
+}
+
+static route* compile(const int64_t* ints, int64_t n_ints, const char* names, int64_t names_size) {
+    route* rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return NULL;
+    rt->names = malloc((size_t)names_size + 1);
+    if (!rt->names) {
+        free(rt);
+        return NULL;
+    }
+    memcpy(rt->names, names, (size_t)names_size);
+    rt->names[names_size] = '\0';
+    reader r = {ints, n_ints, 0, rt->names, names_size, false};
+    const char* base = rt->names;
+    if (next(&r) != ROUTE_FORMAT)
+        goto bad;
+    rt->batch = next(&r);
+
+    rt->n_strings = next_count(&r, 2);
+    rt->strings = calloc((size_t)rt->n_strings + 1, 2 * sizeof(int64_t));
+    for (int64_t i = 0; rt->strings && i < rt->n_strings; i++) {
+        int64_t first = next(&r), stop = next(&r);
+        if (first < 0 || stop < first || (stop - first) % 2)
+            r.bad = true;
+        rt->strings[2 * i] = first;
+        rt->strings[2 * i + 1] = stop;
+        reach(rt, first, stop - first);
+    }
+
+    rt->n_tasks = next_count(&r, 6);
+    rt->tasks = calloc((size_t)rt->n_tasks + 1, sizeof(rs_lookup_task));
+    for (int64_t i = 0; rt->tasks && i < rt->n_tasks; i++) {
+        rs_lookup_task* t = &rt->tasks[i];
+        t->table = (rs_table*)(intptr_t)next(&r);
+        int64_t ids_at = next(&r), out_at = next(&r);
+        t->ids = (const int64_t*)(intptr_t)ids_at;
+        t->out = (float*)(intptr_t)out_at;
+        t->rows = next(&r);
+        t->width = next(&r);
+        t->combiner = next(&r);
+        if (!t->table || ids_at < 0 || ids_at % 8 || out_at < 0 || out_at % 4 || t->rows < 0 || t->width < 0)
+            r.bad = true;
+        else
+            reach(rt, ids_at / 8, t->rows * t->width);
+    }
+    rt->arena_floats = next(&r);
+    if (rt->arena_floats < 0)
+        r.bad = true;
+
+    rt->n_bound = next_count(&r, 3);
+    rt->bound = calloc((size_t)rt->n_bound + 1, sizeof(bound_input));
+    for (int64_t i = 0; rt->bound && i < rt->n_bound; i++) {
+        bound_input* b = &rt->bound[i];
+        b->name = next_name(&r, base);
+        b->offset = next(&r);
+        int64_t elements = 0;
+        b->rank = next_shape(&r, b->shape, &elements);
+        if (b->offset < 0 || b->offset + elements > rt->arena_floats)
+            r.bad = true;
+    }
+
+    rt->n_dense = next_count(&r, 6);
+    rt->dense = calloc((size_t)rt->n_dense + 1, sizeof(dense_input));
+    for (int64_t i = 0; rt->dense && i < rt->n_dense; i++) {
+        dense_input* d = &rt->dense[i];
+        d->name = next_name(&r, base);
+        d->src = next(&r);
+        d->slot = next(&r);
+        d->count = next(&r);
+        d->elem_type = (int32_t)next(&r);
+        int64_t elements = 0;
+        d->rank = next_shape(&r, d->shape, &elements);
+        if (d->src < SRC_INT64 || d->src > SRC_FLOAT64 || d->slot < 0 || d->count != elements ||
+            !valid_elem(d->elem_type))
+            r.bad = true;
+        else
+            reach(rt, d->slot, src_slots(d->src, d->count));
+    }
+
+    if (next(&r)) {
+        rt->fold_name = next_name(&r, base);
+        rt->fold_width = next(&r);
+        rt->n_columns = next_count(&r, 5);
+        rt->columns = calloc((size_t)rt->n_columns + 1, sizeof(fold_column));
+        for (int64_t i = 0; rt->columns && i < rt->n_columns; i++) {
+            fold_column* c = &rt->columns[i];
+            c->start = next(&r);
+            c->stop = next(&r);
+            c->src = next(&r);
+            c->slot = next(&r);
+            c->count = next(&r);
+            if (c->start < 0 || c->stop < c->start || c->stop > rt->fold_width || c->src < SRC_INT64 ||
+                c->src > SRC_FLOAT64 || c->slot < 0 || c->count != rt->batch * (c->stop - c->start))
+                r.bad = true;
+            else
+                reach(rt, c->slot, src_slots(c->src, c->count));
+        }
+        rt->n_blocks = next_count(&r, 4);
+        rt->blocks = calloc((size_t)rt->n_blocks + 1, sizeof(fold_block));
+        for (int64_t i = 0; rt->blocks && i < rt->n_blocks; i++) {
+            fold_block* b = &rt->blocks[i];
+            b->column = next(&r);
+            b->offset = next(&r);
+            b->count = next(&r);
+            b->dim = next(&r);
+            if (b->column < 0 || b->count < 0 || b->dim < 0 || b->column + b->count * b->dim > rt->fold_width ||
+                b->offset < 0 || b->offset + b->count * rt->batch * b->dim > rt->arena_floats)
+                r.bad = true;
+        }
+        if (rt->batch < 0 || rt->fold_width < 0)
+            r.bad = true;
+    }
+
+    rt->n_outputs = next_count(&r, 2);
+    rt->output_keys = calloc((size_t)rt->n_outputs + 1, sizeof(char*));
+    rt->output_names = calloc((size_t)rt->n_outputs + 1, sizeof(char*));
+    for (int64_t i = 0; rt->output_keys && rt->output_names && i < rt->n_outputs; i++) {
+        rt->output_keys[i] = next_name(&r, base);
+        rt->output_names[i] = next_name(&r, base);
+    }
+    if (r.bad || r.at != n_ints || !rt->strings || !rt->tasks || !rt->bound || !rt->dense || !rt->output_keys ||
+        !rt->output_names || (rt->fold_name && (!rt->columns || !rt->blocks)))
+        goto bad;
+    return rt;
+bad:
+    route_free(rt);
+    return NULL;
+}
+
+int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, const int64_t* ints, int64_t n_ints,
+                          const char* names, int64_t names_size) {
+    if (!s || !key || key_size <= 0 || !ints || n_ints <= 0 || names_size < 0 || (names_size && !names))
+        return -1;
+    route* rt = compile(ints, n_ints, names ? names : "", names_size);
+    if (!rt)
+        return -1;
+    rt->key = malloc((size_t)key_size);
+    if (!rt->key) {
+        route_free(rt);
+        return -1;
+    }
+    memcpy(rt->key, key, (size_t)key_size);
+    rt->key_size = key_size;
+    rt->hash = hash_key(key, key_size);
+    if (atomic_load(&s->n_routes) >= ROUTE_BUCKETS / 2) {
+        route_free(rt);
+        return 1;
+    }
+    for (uint64_t i = 0; i < ROUTE_BUCKETS; i++) {
+        _Atomic(route*)* bucket = &s->routes[(rt->hash + i) & (ROUTE_BUCKETS - 1)];
+        route* expected = NULL;
+        /* Release: a request that finds the pointer sees the route fully built. */
+        if (atomic_compare_exchange_strong_explicit(bucket, &expected, rt, memory_order_release,
+                                                    memory_order_acquire)) {
+            atomic_fetch_add(&s->n_routes, 1);
+            return 0;
+        }
+        if (expected->hash == rt->hash && expected->key_size == key_size && !memcmp(expected->key, key, (size_t)key_size))
+            break; /* another thread registered the same layout first */
+    }
+    route_free(rt);
+    return 1;
+}
+
+static const route* find_route(rs_servable* s, const uint8_t* key, int64_t size) {
+    uint64_t h = hash_key(key, size);
+    for (uint64_t i = 0; i < ROUTE_BUCKETS; i++) {
+        const route* rt = atomic_load_explicit(&s->routes[(h + i) & (ROUTE_BUCKETS - 1)], memory_order_acquire);
+        if (!rt)
+            return NULL;
+        if (rt->hash == h && rt->key_size == size && !memcmp(rt->key, key, (size_t)size))
+            return rt;
+    }
+    return NULL;
+}
+
+/* ---- one request ------------------------------------------------------------------------ */
+
+static size_t elem_size(int32_t t) {
+    switch (t) {
+    case RS_ELEM_FLOAT: case RS_ELEM_INT32: return 4;
+    case RS_ELEM_INT64: case RS_ELEM_DOUBLE: return 8;
+    case RS_ELEM_BOOL: return 1;
+    default: return 0;
+    }
+}
+
+/* values[slot...] read as the wire kind `src`, element i, widened to double / int64. */
+#define SRC_AT(src, base, i) \
+    ((src) == SRC_INT64 ? (double)(base)[i] : (src) == SRC_FLOAT32 ? (double)((const float*)(base))[i] \
+                                                                   : ((const double*)(base))[i])
+
+/* Float -> integer as numpy's astype gives it on x86-64 (cvttsd2si): NaN and values out of
+ * range become the type's minimum. (Python never compiles such a cast into a route -- the
+ * signature refuses unsafe casts -- but C must not meet undefined behaviour either.) */
+static int32_t to_int32(double v) {
+    return v >= -2147483648.0 && v < 2147483648.0 ? (int32_t)v : INT32_MIN;
+}
+
+static int64_t to_int64(double v) {
+    return v >= -9223372036854775808.0 && v < 9223372036854775808.0 ? (int64_t)v : INT64_MIN;
+}
+
+/* Copies `count` values of wire kind `src` into `out` as elem_type (numpy's astype). */
+static void convert(int64_t src, const int64_t* from, int64_t count, int32_t elem_type, void* out) {
+    for (int64_t i = 0; i < count; i++) {
+        switch (elem_type) {
+        case RS_ELEM_FLOAT:
+            ((float*)out)[i] = src == SRC_INT64 ? (float)from[i] : src == SRC_FLOAT32 ? ((const float*)from)[i]
+                                                                                     : (float)((const double*)from)[i];
+            break;
+        case RS_ELEM_DOUBLE:
+            ((double*)out)[i] = SRC_AT(src, from, i);
+            break;
+        case RS_ELEM_INT32:
+            ((int32_t*)out)[i] = src == SRC_INT64 ? (int32_t)from[i] : to_int32(SRC_AT(src, from, i));
+            break;
+        case RS_ELEM_INT64:
+            ((int64_t*)out)[i] = src == SRC_INT64 ? from[i] : to_int64(SRC_AT(src, from, i));
+            break;
+        case RS_ELEM_BOOL:
+            ((uint8_t*)out)[i] = src == SRC_INT64 ? from[i] != 0 : SRC_AT(src, from, i) != 0;
+            break;
+        }
+    }
+}
+
+/* The input's values where they lie when the wire kind is the graph's type; else NULL. */
+static const void* in_place(const dense_input* d, const int64_t* values) {
+    const int64_t* at = values + d->slot;
+    if ((d->src == SRC_INT64 && d->elem_type == RS_ELEM_INT64) ||
+        (d->src == SRC_FLOAT32 && d->elem_type == RS_ELEM_FLOAT) ||
+        (d->src == SRC_FLOAT64 && d->elem_type == RS_ELEM_DOUBLE))
+        return at;
+    return NULL;
+}
+
+static void fill_folded(const route* rt, const int64_t* values, const float* arena, float* out) {
+    int64_t batch = rt->batch, width = rt->fold_width;
+    for (int64_t c = 0; c < rt->n_columns; c++) {
+        const fold_column* col = &rt->columns[c];
+        int64_t w = col->stop - col->start;
+        const int64_t* from = values + col->slot;
+        for (int64_t row = 0; row < batch; row++) {
+            float* dst = out + row * width + col->start;
+            if (col->src == SRC_FLOAT32)
+                memcpy(dst, (const float*)from + row * w, (size_t)w * sizeof(float));
+            else
+                for (int64_t j = 0; j < w; j++)
+                    dst[j] = col->src == SRC_INT64 ? (float)from[row * w + j] : (float)((const double*)from)[row * w + j];
+        }
+    }
+    /* A block: `count` plan outputs [batch, dim] back to back in the arena, side by side in
+     * the Concat: out[row, column + k*dim : ...] = arena[offset + (k*batch + row)*dim : ...]. */
+    for (int64_t b = 0; b < rt->n_blocks; b++) {
+        const fold_block* blk = &rt->blocks[b];
+        for (int64_t row = 0; row < batch; row++) {
+            float* dst = out + row * width + blk->column;
+            for (int64_t k = 0; k < blk->count; k++)
+                memcpy(dst + k * blk->dim, arena + blk->offset + (k * batch + row) * blk->dim,
+                       (size_t)blk->dim * sizeof(float));
+        }
+    }
+}
+
+/* ---- the response ------------------------------------------------------------------------ */
+
+static size_t varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t* put_varint(uint8_t* p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+typedef struct {
+    int dtype, field; /* ArrayDataType, value field's tag byte */
+    size_t dims_size, shape_size, values_size, array_size, entry_size, key_size;
+} output_plan;
+
+static uint64_t varint_value(const rs_tensor_out* o, int64_t i) {
+    switch (o->elem_type) {
+    case RS_ELEM_INT32: return (uint64_t)(int64_t)((const int32_t*)o->data)[i]; /* int32: sign-extended */
+    case RS_ELEM_INT64: return (uint64_t)((const int64_t*)o->data)[i];
+    default: return ((const uint8_t*)o->data)[i] != 0;
+    }
+}
+
+/* The sizes of one PredictResponse.outputs entry as recserve.wire.codec writes it; false for
+ * an output it does not write here. */
+static bool plan_output(const rs_tensor_out* o, const char* key, output_plan* p) {
+    int64_t elements = 1;
+    if (o->rank > RS_DENSE_MAX_RANK)
+        return false;
+    p->dims_size = 0;
+    for (size_t i = 0; i < o->rank; i++) {
+        if (o->shape[i] < 0)
+            return false;
+        elements *= o->shape[i];
+        p->dims_size += varint_size((uint64_t)o->shape[i]);
+    }
+    size_t width = elem_size(o->elem_type);
+    if (!width || (size_t)elements * width != o->bytes || (elements && !o->data))
+        return false;
+    size_t payload = 0;
+    switch (o->elem_type) {
+    case RS_ELEM_FLOAT: p->dtype = DT_FLOAT; p->field = 0x1A; payload = o->bytes; break;
+    case RS_ELEM_DOUBLE: p->dtype = DT_DOUBLE; p->field = 0x22; payload = o->bytes; break;
+    case RS_ELEM_INT32: p->dtype = DT_INT32; p->field = 0x2A; break;
+    case RS_ELEM_INT64: p->dtype = DT_INT64; p->field = 0x3A; break;
+    case RS_ELEM_BOOL: p->dtype = DT_BOOL; p->field = 0x42; break;
+    default: return false;
+    }
+    if (p->field >= 0x2A)
+        for (int64_t i = 0; i < elements; i++)
+            payload += varint_size(varint_value(o, i));
+    p->shape_size = p->dims_size ? 1 + varint_size(p->dims_size) + p->dims_size : 0;
+    p->values_size = payload ? 1 + varint_size(payload) + payload : 0;
+    p->array_size = 1 + varint_size((uint64_t)p->dtype) + 1 + varint_size(p->shape_size) + p->shape_size + p->values_size;
+    p->key_size = strlen(key);
+    size_t body = 1 + varint_size(p->key_size) + p->key_size + 1 + varint_size(p->array_size) + p->array_size;
+    p->entry_size = 1 + varint_size(body) + body;
+    return true;
+}
+
+static uint8_t* put_output(uint8_t* at, const rs_tensor_out* o, const char* key, const output_plan* p) {
+    size_t body = p->entry_size - 1 - varint_size(p->entry_size - 1);
+    *at++ = 0x0A;
+    at = put_varint(at, body);
+    *at++ = 0x0A;
+    at = put_varint(at, p->key_size);
+    memcpy(at, key, p->key_size);
+    at += p->key_size;
+    *at++ = 0x12;
+    at = put_varint(at, p->array_size);
+    *at++ = 0x08;
+    at = put_varint(at, (uint64_t)p->dtype);
+    *at++ = 0x12;
+    at = put_varint(at, p->shape_size);
+    if (p->shape_size) {
+        *at++ = 0x0A;
+        at = put_varint(at, p->dims_size);
+        for (size_t i = 0; i < o->rank; i++)
+            at = put_varint(at, (uint64_t)o->shape[i]);
+    }
+    if (p->values_size) {
+        size_t payload = p->values_size - 1 - varint_size(p->values_size - 1);
+        *at++ = (uint8_t)p->field;
+        at = put_varint(at, payload);
+        if (p->field < 0x2A) {
+            memcpy(at, o->data, o->bytes);
+            at += o->bytes;
+        } else {
+            int64_t elements = (int64_t)(o->bytes / elem_size(o->elem_type));
+            for (int64_t i = 0; i < elements; i++)
+                at = put_varint(at, varint_value(o, i));
+        }
+    }
+    return at;
+}
+
+/* 0 with the response in *out, or an RS_FALLBACK_* reason. */
+static int encode(const route* rt, const rs_tensor_out* outs, uint8_t** out, int64_t* out_size) {
+    output_plan plans_small[16];
+    output_plan* plans = rt->n_outputs <= 16 ? plans_small : malloc((size_t)rt->n_outputs * sizeof *plans);
+    if (!plans)
+        return RS_FALLBACK_MEMORY;
+    size_t total = 0;
+    int reason = 0;
+    for (int64_t i = 0; i < rt->n_outputs && !reason; i++) {
+        if (!plan_output(&outs[i], rt->output_keys[i], &plans[i]))
+            reason = RS_FALLBACK_OUTPUT;
+        total += plans[i].entry_size;
+    }
+    uint8_t* buffer = reason ? NULL : malloc(total + 1);
+    if (!reason && !buffer)
+        reason = RS_FALLBACK_MEMORY;
+    if (!reason) {
+        uint8_t* at = buffer;
+        for (int64_t i = 0; i < rt->n_outputs; i++)
+            at = put_output(at, &outs[i], rt->output_keys[i], &plans[i]);
+        *at = '\0';
+        *out = buffer;
+        *out_size = (int64_t)total;
+    }
+    if (plans != plans_small)
+        free(plans);
+    return reason;
+}
+
+/* ---- the route --------------------------------------------------------------------------- */
+
+/* Parses `data` into a fresh values buffer; the layout is scratch's first *layout_size bytes.
+ * 0, or an RS_FALLBACK_* reason. */
+static int parse(const uint8_t* data, int64_t size, int64_t** values, int64_t** scratch, int64_t* layout_size) {
+    *values = malloc((size_t)(size + 1) * sizeof(int64_t)); /* the parser's bound: a slot per byte */
+    int64_t cap = SCRATCH_START;
+    *scratch = malloc((size_t)cap * sizeof(int64_t));
+    if (!*values || !*scratch)
+        return RS_FALLBACK_MEMORY;
+    int64_t got = rs_decode_request(data, size, *values, size + 1, *scratch, cap);
+    while (got == -RS_CODEC_SCRATCH_FULL && cap < SCRATCH_MAX) {
+        cap *= 4;
+        int64_t* bigger = realloc(*scratch, (size_t)cap * sizeof(int64_t));
+        if (!bigger)
+            return RS_FALLBACK_MEMORY;
+        *scratch = bigger;
+        got = rs_decode_request(data, size, *values, size + 1, *scratch, cap);
+    }
+    if (got < 0)
+        return RS_FALLBACK_PARSE;
+    *layout_size = got;
+    return 0;
+}
+
+/* Runs a found route over a parsed request; 0 with the response, or an RS_FALLBACK_* reason. */
+static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, uint8_t** out,
+                 int64_t* out_size, int64_t* times) {
+    int reason = 0;
+    size_t n_inputs = (size_t)(rt->n_bound + rt->n_dense + (rt->fold_name ? 1 : 0));
+    rs_tensor_in inputs_small[64];
+    rs_tensor_in* inputs = n_inputs <= 64 ? inputs_small : calloc(n_inputs, sizeof *inputs);
+    rs_tensor_out outs_small[16];
+    rs_tensor_out* outs = rt->n_outputs <= 16 ? outs_small : calloc((size_t)rt->n_outputs, sizeof *outs);
+    void** owned = calloc((size_t)rt->n_dense + 2, sizeof(void*)); /* converted inputs, arena, folded */
+    float* arena = NULL;
+    if (!inputs || !outs || !owned) {
+        reason = RS_FALLBACK_MEMORY;
+        goto done;
+    }
+    for (int64_t i = 0; i < rt->n_strings; i++) {
+        int64_t first = rt->strings[2 * i], stop = rt->strings[2 * i + 1];
+        s->xxh64_spans(data, values + first, (stop - first) / 2, values + first);
+    }
+    arena = malloc((size_t)(rt->arena_floats ? rt->arena_floats : 1) * sizeof(float));
+    owned[rt->n_dense] = arena;
+    if (!arena) {
+        reason = RS_FALLBACK_MEMORY;
+        goto done;
+    }
+    if (rt->n_tasks && s->lookup_at(rt->tasks, rt->n_tasks, values, arena) != RS_OK) {
+        reason = RS_FALLBACK_LOOKUP;
+        goto done;
+    }
+    size_t n = 0;
+    for (int64_t i = 0; i < rt->n_dense; i++) {
+        const dense_input* d = &rt->dense[i];
+        const void* at = in_place(d, values);
+        if (!at) {
+            void* converted = malloc((size_t)(d->count ? d->count : 1) * elem_size(d->elem_type));
+            if (!converted) {
+                reason = RS_FALLBACK_MEMORY;
+                goto done;
+            }
+            convert(d->src, values + d->slot, d->count, d->elem_type, converted);
+            owned[i] = converted;
+            at = converted;
+        }
+        inputs[n++] = (rs_tensor_in){d->name, d->elem_type, d->shape, d->rank, at};
+    }
+    if (rt->fold_name) {
+        int64_t cells = rt->batch * rt->fold_width;
+        float* folded = malloc((size_t)(cells > 0 ? cells : 1) * sizeof(float));
+        owned[rt->n_dense + 1] = folded;
+        if (!folded) {
+            reason = RS_FALLBACK_MEMORY;
+            goto done;
+        }
+        fill_folded(rt, values, arena, folded);
+        inputs[n++] = (rs_tensor_in){rt->fold_name, RS_ELEM_FLOAT, NULL, 2, folded};
+    }
+    for (int64_t i = 0; i < rt->n_bound; i++) { /* plan outputs fed as they are (none the Concat takes) */
+        const bound_input* b = &rt->bound[i];
+        inputs[n++] = (rs_tensor_in){b->name, RS_ELEM_FLOAT, b->shape, b->rank, arena + b->offset};
+    }
+    int64_t fold_shape[2] = {rt->batch, rt->fold_width}; /* lives until the run returns */
+    if (rt->fold_name)
+        inputs[rt->n_dense].shape = fold_shape;
+    times[1] = now_ns(CLOCK_MONOTONIC);
+    char* err = NULL;
+    memset(outs, 0, (size_t)rt->n_outputs * sizeof *outs);
+    int status = s->run(s->runner, inputs, n, rt->output_names, (size_t)rt->n_outputs, outs, &err);
+    free(err); /* Python reruns the request and reports its own message */
+    times[2] = now_ns(CLOCK_MONOTONIC);
+    if (status != 0) {
+        reason = RS_FALLBACK_RUN;
+        goto done;
+    }
+    reason = encode(rt, outs, out, out_size);
+    for (int64_t i = 0; i < rt->n_outputs; i++)
+        free(outs[i].data);
+done:
+    if (owned)
+        for (int64_t i = 0; i < rt->n_dense + 2; i++)
+            free(owned[i]);
+    free(owned);
+    if (inputs != inputs_small)
+        free(inputs);
+    if (outs != outs_small)
+        free(outs);
+    return reason;
+}
+
+int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out, int64_t* out_size,
+                     int64_t* info) {
+    int64_t started = now_ns(CLOCK_MONOTONIC);
+    int64_t times[3] = {0};
+    int reason = 0;
+    int64_t *values = NULL, *scratch = NULL;
+    *out = NULL;
+    *out_size = 0;
+    if (size <= 0 || !data) {
+        reason = RS_FALLBACK_EMPTY;
+        goto counted;
+    }
+    rs_servable* s = lease(slot);
+    if (!s) {
+        reason = atomic_load(&slot->reason_if_null);
+        goto counted;
+    }
+    int64_t layout_size = 0;
+    const route* rt = NULL;
+    reason = parse(data, size, &values, &scratch, &layout_size);
+    if (!reason) {
+        rt = find_route(s, (const uint8_t*)scratch, layout_size);
+        if (!rt || rt->values_end > size + 1)
+            reason = RS_FALLBACK_ROUTE_MISS;
+    }
+    times[0] = now_ns(CLOCK_MONOTONIC);
+    if (!reason)
+        reason = serve(s, rt, data, values, out, out_size, times);
+    int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
+    unlease(s);
+    free(values);
+    free(scratch);
+    values = scratch = NULL;
+    if (!reason) {
+        int64_t ended = now_ns(CLOCK_MONOTONIC);
+        if (info) {
+            info[RS_INFO_SERVABLE] = id;
+            info[RS_INFO_BATCH] = batch;
+            info[RS_INFO_T0] = started;
+            info[RS_INFO_T0 + 1] = times[0];
+            info[RS_INFO_T0 + 2] = times[1];
+            info[RS_INFO_T0 + 3] = times[2];
+            info[RS_INFO_T0 + 4] = ended;
+            info[RS_INFO_REASON] = 0;
+        }
+        count(slot, RS_COUNT_SERVED, 1);
+        count(slot, RS_COUNT_WALL_NS, ended - started);
+        return 200;
+    }
+counted:
+    free(values);
+    free(scratch);
+    count(slot, reason, 1);
+    if (info)
+        info[RS_INFO_REASON] = reason;
+    return 0;
+}

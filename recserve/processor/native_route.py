@@ -1,0 +1,469 @@
+"""The Python side of the native request route (native/route.h, DESIGN §10).
+
+Python stays the control plane: a route is still built and validated by
+`recserve.processor.request_route.RequestRoute` on the first request of a layout; this
+module then *registers* its compiled form with the version's native servable, and every
+later request of that layout goes from bytes to bytes in C with the GIL released
+(`RouteSlot.process`, or the C ABI's `process()` calling `rs_route_process` directly).
+
+- `RouteSlot`: one per Processor (its `ServableManager` owns it). Publishes the current
+  version's `NativeServable` by atomic pointer swap; counts the requests that fell back to
+  Python, by reason.
+- `NativeServable`: one per version with in-process tables. Carries the compiled routes and
+  the dense runner; `close()` waits for its native leases to end, then frees it.
+- The dense runner: `dense_runner(sessions)`: the session group's ONNX Runtime C API runner
+  (`OrtRunner`), so the whole request runs without the GIL; where the group has none, or
+  merges requests in Python (dynamic batching), `PythonRunner`, the *fallback runner*: a C
+  function pointer (ctypes callback) that takes the GIL for the dense run only.
+
+Thread-safe: routes register concurrently with requests; publish/close run on the manager's
+threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import math
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from recserve.errors import RecserveError
+
+if TYPE_CHECKING:
+    from recserve.processor.request_route import RequestRoute, _FoldedFeed
+    from recserve.processor.servable import Servable
+    from recserve.processor.session_group import SessionGroup
+    from recserve.processor.trace import RequestTrace
+    from recserve.runtime.input_concat import InputConcat
+
+__all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "RouteSlot", "dense_runner", "native_servable"]
+
+log = logging.getLogger("recserve.processor")
+
+# RS_FALLBACK_* in native/route.h, in order.
+FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "output", "memory", "empty", "trace")
+_NO_SERVABLE, _TRACE = 0, 8
+_SERVED, _WALL_NS, _COUNTERS = 9, 10, 11
+_INFO_SERVABLE, _INFO_BATCH, _INFO_T0, _INFO_SIZE = 0, 1, 2, 8
+_ROUTE_FORMAT = 1
+# RS_ELEM_* (ONNX TensorProto element types) of the dtypes the route feeds.
+_ELEM = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9,
+         np.dtype(np.float64): 11}
+_DTYPE = {v: k for k, v in _ELEM.items()}
+# RS_CODEC_OUT_* -> the wire kind of the values buffer: int64 slots (0), float32 (1) or
+# float64 (2) bytes; half, complex and strings are not fed natively.
+_SRC = {**{out: 0 for out in range(7)}, 7: 1, 8: 2}
+_DRAIN_WARN_MS = 10_000
+
+
+class _TensorIn(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("elem_type", ctypes.c_int32), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("rank", ctypes.c_size_t), ("data", ctypes.c_void_p)]
+
+
+class _TensorOut(ctypes.Structure):
+    _fields_ = [("elem_type", ctypes.c_int32), ("shape", ctypes.c_int64 * 8), ("rank", ctypes.c_size_t),
+                ("data", ctypes.c_void_p), ("bytes", ctypes.c_size_t)]
+
+
+# rs_dense_run_fn (native/dense_run.h)
+DENSE_RUN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_TensorIn), ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(_TensorOut),
+                             ctypes.POINTER(ctypes.c_void_p))
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("RECSERVE_NATIVE_ROUTE") == "0":   # off: every request takes the Python route
+        return None
+    try:
+        lib = ctypes.CDLL(str(Path(__file__).with_name("librecserve_route.so")))
+    except OSError as exc:
+        log.warning("the native request route is unavailable (%s); requests take the Python route", exc)
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name, restype, argtypes in (
+        ("rs_slot_create", p, []),
+        ("rs_slot_free", None, [p]),
+        ("rs_slot_publish", None, [p, p, ctypes.c_int32]),
+        ("rs_slot_count", None, [p, ctypes.c_int32]),
+        ("rs_slot_counters", i64, [p, p, i64]),
+        ("rs_servable_create", p, [i64, p, p, p, p]),
+        ("rs_servable_add_route", ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
+        ("rs_servable_routes", i64, [p]),
+        ("rs_servable_drain", ctypes.c_int, [p, i64]),
+        ("rs_servable_leases", i64, [p]),
+        ("rs_servable_free", None, [p]),
+        ("rs_route_process", ctypes.c_int, [p, ctypes.c_char_p, i64, p, p, p]),
+    ):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+_LIB = _load()
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+_libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
+# free() with the GIL kept: releasing it around a call this short only invites a handoff
+# to another thread (and a wait to get it back) on every request.
+_free_holding_gil = ctypes.PyDLL(None).free
+_free_holding_gil.restype, _free_holding_gil.argtypes = None, [ctypes.c_void_p]
+
+
+class _Call:
+    """One thread's out-parameters of rs_route_process, made once."""
+
+    __slots__ = ("info", "info_address", "out", "out_ref", "size", "size_ref")
+
+    def __init__(self) -> None:
+        self.info = np.zeros(_INFO_SIZE, np.int64)
+        self.info_address = self.info.ctypes.data
+        self.out, self.size = ctypes.c_void_p(), ctypes.c_int64()
+        self.out_ref, self.size_ref = ctypes.byref(self.out), ctypes.byref(self.size)
+
+
+_process = _LIB.rs_route_process if _LIB is not None else None
+
+
+def route_process_address() -> int:
+    """The address of rs_route_process, for the C ABI shim (0 without the library)."""
+    return ctypes.cast(_LIB.rs_route_process, ctypes.c_void_p).value or 0 if _LIB is not None else 0
+
+
+class RouteSlot:
+    """The native servable that answers new requests of one Processor, and its counters."""
+
+    def __init__(self) -> None:
+        self.address = _LIB.rs_slot_create() if _LIB is not None else None
+        if _LIB is not None and not self.address:
+            raise MemoryError("rs_slot_create failed")
+        self._native: NativeServable | None = None
+        self._unpublished = 0   # requests that found nothing native published (counted without a C call)
+        if self.address:
+            # Freed with this object: the C ABI's handle holds the Processor, so nothing can
+            # call rs_route_process on the slot any more by then.
+            weakref.finalize(self, _LIB.rs_slot_free, self.address)   # type: ignore[union-attr]
+        self._info = threading.local()
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def publish(self, servable: Any) -> None:
+        """Serve `servable`'s native routes from now on (none if it has no native servable).
+        Callers serialise publishes (the manager's lock)."""
+        native = getattr(servable, "native", None)
+        if self.address is not None:
+            _LIB.rs_slot_publish(self.address, native.address if native else None, _NO_SERVABLE)  # type: ignore[union-attr]
+        self._native = native
+
+    def count(self, reason: int) -> None:
+        if self.address is not None:
+            _LIB.rs_slot_count(self.address, reason)  # type: ignore[union-attr]
+
+    def process(self, data: bytes, trace: RequestTrace | None) -> bytes | None:
+        """The response served natively, or None: take the Python path (counted natively)."""
+        if self._native is None or self.address is None:
+            self._unpublished += 1   # no ctypes call: it would release the GIL for nothing
+            return None
+        if trace is not None and trace.want_ort_profile:
+            self.count(_TRACE)
+            return None
+        try:
+            call = self._info.call
+        except AttributeError:
+            call = self._info.call = _Call()
+        if type(data) is not bytes:
+            data = bytes(data)   # a bytearray or memoryview (the HTTP server's body)
+        if _process(self.address, data, len(data), call.out_ref, call.size_ref, call.info_address) != 200:
+            return None
+        try:
+            response = ctypes.string_at(call.out.value, call.size.value)  # type: ignore[arg-type]
+        finally:
+            _free_holding_gil(call.out.value)
+        if trace is not None:
+            _fill_trace(trace, call.info)
+        return response
+
+    def counters(self) -> dict[str, Any]:
+        """{"served": n, "wall_seconds": s, "fallbacks": {reason: n}}."""
+        raw = np.zeros(_COUNTERS, np.int64)
+        if self.address is not None:
+            _LIB.rs_slot_counters(self.address, raw.ctypes.data, _COUNTERS)  # type: ignore[union-attr]
+        return {
+            "served": int(raw[_SERVED]),
+            "wall_seconds": raw[_WALL_NS] / 1e9,
+            "fallbacks": {reason: int(raw[i]) + (self._unpublished if i == _NO_SERVABLE else 0)
+                          for i, reason in enumerate(FALLBACK_REASONS)},
+        }
+
+
+# id -> (version, the servable) of every native servable made: a natively served request
+# reports its servable's id, and its trace names that version (not "the current one").
+_served_by: dict[int, tuple[str, weakref.ReferenceType[Any]]] = {}
+_ids = itertools.count(1)
+
+
+def _fill_trace(trace: RequestTrace, info: np.ndarray) -> None:
+    from recserve.processor.trace import STAGES, Span
+
+    version, ref = _served_by.get(int(info[_INFO_SERVABLE]), ("", lambda: None))
+    servable = ref()
+    trace.model_version = version
+    trace.delta_step = servable.delta_step if servable is not None else 0
+    trace.batch_size = int(info[_INFO_BATCH])
+    times = info[_INFO_T0:_INFO_T0 + 5].tolist()
+    trace.spans.extend(Span(stage, times[i], times[i + 1]) for i, stage in enumerate(STAGES))
+
+
+class PythonRunner:
+    """TEST/FALLBACK dense runner: an rs_dense_run_fn that takes the GIL (a ctypes callback
+    does) and runs the session group from Python. Makes the native route complete before the
+    ONNX Runtime C API runner exists; its dense run does not scale across threads."""
+
+    def __init__(self, sessions: SessionGroup) -> None:
+        self._sessions = sessions
+        self.function = DENSE_RUN(self._run)
+        self.address = ctypes.cast(self.function, ctypes.c_void_p).value
+        self.runner = None
+
+    def _run(self, runner: int, inputs: Any, n_inputs: int, names: Any, n_outputs: int, outputs: Any,
+             err: Any) -> int:
+        try:
+            feeds = {}
+            for i in range(n_inputs):
+                t = inputs[i]
+                dtype = _DTYPE[t.elem_type]
+                shape = tuple(t.shape[j] for j in range(t.rank))
+                count = math.prod(shape)
+                raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(t.data) if count else b""
+                feeds[t.name.decode()] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+            results = self._sessions.run([names[i].decode() for i in range(n_outputs)], feeds)
+            for i, value in enumerate(results):
+                out = outputs[i]
+                value = np.ascontiguousarray(value)
+                out.elem_type = _ELEM.get(value.dtype, 0)
+                out.rank = value.ndim
+                for j, d in enumerate(value.shape[:8]):
+                    out.shape[j] = d
+                out.bytes = value.nbytes
+                out.data = _libc.malloc(max(value.nbytes, 1))
+                ctypes.memmove(out.data, value.ctypes.data, value.nbytes)
+            return 0
+        except Exception as exc:  # noqa: BLE001 - a C caller gets a status and a message
+            for i in range(n_outputs):
+                _libc.free(outputs[i].data)
+                outputs[i].data = None
+            message = (exc.message if isinstance(exc, RecserveError) else f"{type(exc).__name__}: {exc}").encode()
+            text = _libc.malloc(len(message) + 1)
+            ctypes.memmove(text, message + b"\0", len(message) + 1)
+            err[0] = text
+            return exc.status if isinstance(exc, RecserveError) else 500
+
+
+class OrtRunner:
+    """The ONNX Runtime C API runner of a session group (recserve.runtime.native_runner):
+    `rs_ort_dense_run` and its runner pointer. Runs without the GIL."""
+
+    def __init__(self, sessions: SessionGroup) -> None:
+        native = sessions.native_runner
+        assert native is not None
+        self._native = native   # kept alive: the C side holds its handle
+        self.address = native.dense_run_address
+        self.runner = native.handle
+
+
+def dense_runner(sessions: SessionGroup) -> OrtRunner | PythonRunner:
+    """The runner the native route calls (`address`, the rs_dense_run_fn, and `runner`, its
+    first argument): the session group's C API runner; the Python one where the group runs on
+    Python sessions (RECSERVE_NATIVE_DENSE=0, string graph inputs) or merges requests
+    (dynamic batching: the batcher is Python)."""
+    if getattr(sessions, "native_runner", None) is not None and sessions._batcher is None:
+        return OrtRunner(sessions)
+    return PythonRunner(sessions)
+
+
+class NativeServable:
+    """One version's native servable: its compiled routes and dense runner."""
+
+    def __init__(self, servable: Servable, runner: Any) -> None:
+        from recserve.embedding import _native as engine
+
+        self.id = next(_ids)
+        self._runner = runner   # kept alive: the C side calls it
+        # The runner feeds graph inputs as they are: a Concat the session group folds in
+        # Python (SessionGroup._feed) is folded by the route instead.
+        self._concat = servable.sessions.concat if isinstance(runner, OrtRunner) else None
+        self._lock = threading.Lock()
+        self._closed = False
+        lookup_at = ctypes.cast(engine._LIB.rs_lookup_at, ctypes.c_void_p).value
+        xxh64 = ctypes.cast(engine._LIB.rs_xxh64_spans, ctypes.c_void_p).value
+        self.address = _LIB.rs_servable_create(self.id, runner.address, runner.runner, lookup_at, xxh64)  # type: ignore[union-attr]
+        if not self.address:
+            raise MemoryError("rs_servable_create failed")
+        _served_by[self.id] = (servable.version, weakref.ref(servable))
+
+    @property
+    def routes(self) -> int:
+        return int(_LIB.rs_servable_routes(self.address))  # type: ignore[union-attr]
+
+    def add(self, layout: bytes, route: RequestRoute) -> bool:
+        """Registers `route` for requests of `layout`; False when it cannot run natively."""
+        described = describe(route, self._concat)
+        if described is None:
+            return False
+        ints, names = described
+        with self._lock:
+            if self._closed:
+                return False
+            got = _LIB.rs_servable_add_route(self.address, layout, len(layout), ints.ctypes.data, len(ints),  # type: ignore[union-attr]
+                                             names, len(names))
+        if got < 0:
+            log.error("the native route rejected a route description (a recserve bug); that layout stays in Python")
+        return got == 0
+
+    def close(self) -> None:
+        """Waits for the requests leasing this servable natively to end, then frees it. The
+        manager has unpublished it already (a swap), so no new lease can start."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        while _LIB.rs_servable_drain(self.address, _DRAIN_WARN_MS):  # type: ignore[union-attr]
+            log.warning("version %s: %d native requests still hold it after %d s; waiting",
+                        _served_by[self.id][0], _LIB.rs_servable_leases(self.address) - 1,  # type: ignore[union-attr]
+                        _DRAIN_WARN_MS // 1000)
+        _LIB.rs_servable_free(self.address)  # type: ignore[union-attr]
+        self.address = None
+
+
+def native_servable(servable: Servable) -> NativeServable | None:
+    """The version's native servable, or None when its requests need Python: tables in Redis
+    (their lookups are Python), a placed model whose ids go through the ids graph, the pure
+    Python engine (RECSERVE_PURE_PYTHON), or no native route library."""
+    from recserve.embedding import LookupPlan
+    from recserve.embedding import _native as engine
+
+    if _LIB is None or servable.redis is not None or servable.placed is not None:
+        return None
+    if LookupPlan is not engine.LookupPlan:
+        return None
+    return NativeServable(servable, dense_runner(servable.sessions))
+
+
+def _plan_outputs(route: RequestRoute) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(graph input, offset in the float32 arena, shape) of each lookup plan output."""
+    outputs, offset = [], 0
+    for graph_input, shape in zip(route._bound, route._layout.shapes):
+        outputs.append((graph_input, offset, tuple(shape)))
+        offset += math.prod(shape)
+    return outputs
+
+
+def _fold(route: RequestRoute, concat: InputConcat) -> _FoldedFeed | None:
+    """The Concat input the session group would fold in Python (`InputConcat.fold`) for a
+    route that does not fold it itself: each part a [batch, w] float32 dense input (a column)
+    or plan output (a block of one); None when a part is neither."""
+    from recserve.processor.request_route import _FoldedFeed
+
+    batch, column = route.batch_size, 0
+    outputs = {graph_input: (offset, shape) for graph_input, offset, shape in _plan_outputs(route)}
+    columns, inputs, blocks = [], [], []
+    for part in concat.parts:
+        if part in outputs:
+            offset, shape = outputs[part]
+            if len(shape) != 2 or shape[0] != batch:
+                return None
+            blocks.append((column, offset, 1, shape[1]))
+            column += shape[1]
+        elif part in route.sources:
+            wire, dtype = route.sources[part]
+            if np.dtype(dtype) != np.float32 or len(wire.dims) != 2 or wire.dims[0] != batch:
+                return None
+            columns.append((column, column + wire.dims[1], None))
+            inputs.append(part)
+            column += wire.dims[1]
+        else:
+            return None
+    return _FoldedFeed(concat.output, column, tuple(columns), tuple(blocks), tuple(inputs))  # type: ignore[arg-type]
+
+
+def describe(route: RequestRoute, concat: InputConcat | None = None) -> tuple[np.ndarray, bytes] | None:
+    """The int64 description rs_servable_add_route compiles (see native/route.c, compile())
+    and its NUL-terminated names; None when a part of the route has no native form.
+    `concat`: the session group's folded Concat of graph inputs, if it has one."""
+    names: dict[str, int] = {}
+    blob = bytearray()
+
+    def name(text: str) -> int:
+        if text not in names:
+            names[text] = len(blob)
+            blob.extend(text.encode() + b"\0")
+        return names[text]
+
+    plan_layout, folded = route._layout, route._folded
+    fold = _fold(route, concat) if folded is None and concat is not None else None
+    if folded is None and concat is not None and fold is None:
+        return None   # the session group would concatenate in Python; the route cannot
+    if fold is not None:
+        folded = fold
+    ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
+    for first, stop, keys in route._strings:
+        if keys.buckets or keys.vocabulary:
+            return None   # hash buckets and vocabularies key strings in Python (XXH64 only here)
+        ints += [first, stop]
+    tasks = plan_layout.tasks
+    ints.append(len(tasks))
+    ints += tasks.reshape(-1).tolist()
+    ints.append(plan_layout.out_size)
+    parts = set(concat.parts) if fold is not None and concat is not None else set()
+    if route._folded is None:
+        bound = [(graph_input, offset, shape) for graph_input, offset, shape in _plan_outputs(route)
+                 if graph_input not in parts]
+        ints.append(len(bound))
+        for graph_input, offset, shape in bound:
+            ints += [name(graph_input), offset, len(shape), *shape]
+    else:
+        ints.append(0)
+    dense = [(graph_input, *route.sources[graph_input]) for graph_input, _, _ in route._dense
+             if graph_input not in parts]
+    ints.append(len(dense))
+    for graph_input, wire, dtype in dense:
+        src, elem = _SRC.get(wire.out), _ELEM.get(np.dtype(dtype))
+        if src is None or elem is None or math.prod(wire.dims) != wire.count:
+            return None
+        ints += [name(graph_input), src, wire.slot, wire.count, elem, len(wire.dims), *wire.dims]
+    if folded is None:
+        ints.append(0)
+    else:
+        ints += [1, name(folded.name), folded.width, len(folded.columns)]
+        for (start, stop, _), graph_input in zip(folded.columns, folded.column_inputs):
+            wire = route.sources[graph_input][0]
+            src = _SRC.get(wire.out)
+            if src is None or wire.count != route.batch_size * (stop - start):
+                return None
+            ints += [start, stop, src, wire.slot, wire.count]
+        ints.append(len(folded.blocks))
+        for block in folded.blocks:
+            ints += list(block)
+    ints.append(len(route.output_keys))
+    for key, graph_name in zip(route.output_keys, route.output_names):
+        ints += [name(key), name(graph_name)]
+    return np.array(ints, dtype=np.int64), bytes(blob)
+
+
+def route_counts(slots: Sequence[RouteSlot]) -> dict[str, int]:
+    """Fallbacks by reason summed over `slots` (for metrics)."""
+    total: dict[str, int] = {}
+    for slot in slots:
+        for reason, n in slot.counters()["fallbacks"].items():
+            total[reason] = total.get(reason, 0) + n
+    return total

@@ -1,0 +1,322 @@
+/* libFuzzer target: the native request route (native/route.c) on mutated request bytes.
+ *
+ * Input: byte 0 seeds the route's choices; the rest is a PredictRequest. When the codec
+ * accepts the request, the harness compiles a route for its layout the way
+ * recserve.processor.native_route does (id inputs of rank 1-2 looked up in a table with a
+ * combiner the seed picks, string ids hashed in place first, float and integer inputs fed as
+ * dense inputs of a type the seed picks), registers it with a servable and serves the same
+ * bytes through rs_route_process, with a dense runner written here (one float32 output per
+ * input: the sum of its values; an int64 output of the input count; a bool one). Checks:
+ *   - a request whose layout was registered is served (200) and its response is the same
+ *     bytes when served again (the route consumes nothing it does not own);
+ *   - a registered layout's response parses as a PredictResponse's framing: one entry per
+ *     output, each (name, ArrayProto) in bounds;
+ *   - a request of any other layout falls back (0) and allocates nothing;
+ *   - every 64 inputs the servable is swapped for a new one (publish, drain, free).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "embedding.h"
+#include "fuzz_input.h"
+#include "route.h"
+
+#define DIM 4
+#define MAX_INTS 4096
+
+static rs_table* tables[2];
+static rs_route_slot* slot;
+static rs_servable* current;
+static int served_inputs;
+
+/* ---- the dense runner: deterministic outputs from the inputs, no model ---------------- */
+
+static double value_at(const rs_tensor_in* t, int64_t i) {
+    switch (t->elem_type) {
+    case RS_ELEM_FLOAT: return ((const float*)t->data)[i];
+    case RS_ELEM_DOUBLE: return ((const double*)t->data)[i];
+    case RS_ELEM_INT32: return ((const int32_t*)t->data)[i];
+    case RS_ELEM_INT64: return (double)((const int64_t*)t->data)[i];
+    default: return ((const uint8_t*)t->data)[i];
+    }
+}
+
+static int run(void* runner, const rs_tensor_in* inputs, size_t n, const char* const* names, size_t n_out,
+               rs_tensor_out* outs, char** err) {
+    (void)runner;
+    (void)names;
+    for (size_t o = 0; o < n_out; o++) {
+        rs_tensor_out* out = &outs[o];
+        if (o % 3 == 0) {
+            out->elem_type = RS_ELEM_FLOAT;
+            out->rank = 1;
+            out->shape[0] = (int64_t)n;
+            out->bytes = n * sizeof(float);
+            float* sums = malloc(n ? out->bytes : 1);
+            for (size_t i = 0; i < n; i++) {
+                int64_t elements = 1;
+                for (size_t d = 0; d < inputs[i].rank; d++)
+                    elements *= inputs[i].shape[d];
+                double sum = 0;
+                for (int64_t k = 0; k < elements; k++)
+                    sum += value_at(&inputs[i], k);
+                sums[i] = (float)sum;
+            }
+            out->data = sums;
+        } else if (o % 3 == 1) {
+            out->elem_type = RS_ELEM_INT64;
+            out->rank = 0;
+            out->bytes = 8;
+            out->data = malloc(8);
+            *(int64_t*)out->data = -(int64_t)n;
+        } else {
+            out->elem_type = RS_ELEM_BOOL;
+            out->rank = 2;
+            out->shape[0] = 1;
+            out->shape[1] = 2;
+            out->bytes = 2;
+            out->data = malloc(2);
+            ((uint8_t*)out->data)[0] = 1;
+            ((uint8_t*)out->data)[1] = 0;
+        }
+    }
+    *err = NULL;
+    return 0;
+}
+
+static void setup(void) {
+    int64_t keys[8] = {0, 1, 2, 3, 100, -5, 1LL << 40, 7};
+    for (int t = 0; t < 2; t++) {
+        float* rows = malloc(8 * DIM * sizeof(float));
+        for (int i = 0; i < 8 * DIM; i++)
+            rows[i] = (float)(i * (t + 1)) / 8.0f;
+        int64_t bad = 0;
+        CHECK(rs_table_create(DIM, t ? RS_DEFAULT_NORMAL : RS_DEFAULT_ZEROS, 0.5, 11, keys, rows, 8, &tables[t], &bad) == RS_OK);
+    }
+    slot = rs_slot_create();
+    CHECK(slot);
+}
+
+static rs_servable* fresh(void) {
+    rs_servable* s = rs_servable_create(++served_inputs, run, NULL, rs_lookup_at, rs_xxh64_spans);
+    CHECK(s);
+    return s;
+}
+
+/* ---- the route of a layout, compiled as native_route.describe does -------------------- */
+
+static uint64_t varint(const uint8_t** p, const uint8_t* end) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        CHECK(*p < end);
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (b < 0x80) return v;
+    }
+    abort();
+}
+
+typedef struct {
+    int64_t ints[MAX_INTS];
+    int64_t n;
+    char names[4096];
+    int64_t names_size;
+} description;
+
+static void put(description* d, int64_t v) {
+    CHECK(d->n < MAX_INTS);
+    d->ints[d->n++] = v;
+}
+
+static int64_t name(description* d, const uint8_t* text, uint64_t size) {
+    CHECK(d->names_size + (int64_t)size + 1 <= (int64_t)sizeof d->names);
+    int64_t at = d->names_size;
+    memcpy(d->names + at, text, size);
+    d->names[at + (int64_t)size] = '\0';
+    d->names_size += (int64_t)size + 1;
+    return at;
+}
+
+/* Returns 0 and the description, or -1 when the layout has a part no route takes. */
+static int describe(const uint8_t* layout, int64_t size, uint8_t seed, description* d) {
+    const uint8_t *p = layout, *end = layout + size;
+    uint64_t n = varint(&p, end); /* signature_name */
+    p += n;
+    uint64_t filters = varint(&p, end);
+    for (uint64_t i = 0; i < filters; i++)
+        p += varint(&p, end);
+    uint64_t count = varint(&p, end);
+    if (count > 16)
+        return -1;
+    /* Pass 1 collects, pass 2 writes the sections in the description's order. */
+    struct {
+        const uint8_t* key;
+        uint64_t key_size, out, ndims, slot, values;
+        int64_t dims[RS_CODEC_MAX_DIMS];
+        int bound;
+    } in[16];
+    for (uint64_t i = 0; i < count; i++) {
+        in[i].key_size = varint(&p, end);
+        in[i].key = p;
+        p += in[i].key_size;
+        in[i].out = varint(&p, end);
+        in[i].ndims = varint(&p, end);
+        for (uint64_t k = 0; k < in[i].ndims; k++)
+            in[i].dims[k] = (int64_t)varint(&p, end);
+        in[i].slot = varint(&p, end);
+        in[i].values = varint(&p, end);
+        int integer = in[i].out <= RS_CODEC_OUT_BOOL, string = in[i].out == RS_CODEC_OUT_STRING;
+        in[i].bound = (string || (integer && (seed >> (i % 8)) & 1)) && (in[i].ndims == 1 || in[i].ndims == 2);
+        if (!in[i].bound && !integer && in[i].out != RS_CODEC_OUT_FLOAT32 && in[i].out != RS_CODEC_OUT_FLOAT64)
+            return -1; /* half, complex, strings not bound: Python's */
+        if (in[i].ndims > RS_DENSE_MAX_RANK)
+            return -1;
+    }
+    CHECK(p == end);
+    put(d, 1);
+    put(d, count && in[0].ndims ? in[0].dims[0] : 1);
+    int64_t strings = 0;
+    for (uint64_t i = 0; i < count; i++)
+        strings += in[i].out == RS_CODEC_OUT_STRING && in[i].bound;
+    put(d, strings);
+    for (uint64_t i = 0; i < count; i++)
+        if (in[i].out == RS_CODEC_OUT_STRING && in[i].bound) {
+            put(d, (int64_t)in[i].slot);
+            put(d, (int64_t)(in[i].slot + 2 * in[i].values));
+        }
+    int64_t tasks = 0, arena = 0;
+    for (uint64_t i = 0; i < count; i++)
+        tasks += in[i].bound;
+    put(d, tasks);
+    int64_t offsets[16], rows_out[16];
+    for (uint64_t i = 0; i < count; i++) {
+        if (!in[i].bound)
+            continue;
+        int64_t rows = in[i].dims[0], width = in[i].ndims == 2 ? in[i].dims[1] : 1;
+        int64_t combiner = in[i].ndims == 2 ? (seed + (int)i) % 4 : RS_COMBINER_NONE;
+        put(d, (int64_t)(intptr_t)tables[i % 2]);
+        put(d, (int64_t)in[i].slot * 8);
+        put(d, arena * 4);
+        put(d, rows);
+        put(d, width);
+        put(d, combiner);
+        offsets[i] = arena;
+        rows_out[i] = combiner == RS_COMBINER_NONE ? rows * width : rows;
+        arena += rows_out[i] * DIM;
+    }
+    put(d, arena);
+    put(d, tasks);
+    for (uint64_t i = 0; i < count; i++)
+        if (in[i].bound) {
+            put(d, name(d, in[i].key, in[i].key_size));
+            put(d, offsets[i]);
+            put(d, 2);
+            put(d, rows_out[i]);
+            put(d, DIM);
+        }
+    static const int32_t types[] = {RS_ELEM_FLOAT, RS_ELEM_DOUBLE, RS_ELEM_INT32, RS_ELEM_INT64, RS_ELEM_BOOL};
+    put(d, (int64_t)count - tasks);
+    for (uint64_t i = 0; i < count; i++)
+        if (!in[i].bound) {
+            put(d, name(d, in[i].key, in[i].key_size));
+            put(d, in[i].out == RS_CODEC_OUT_FLOAT32 ? 1 : in[i].out == RS_CODEC_OUT_FLOAT64 ? 2 : 0);
+            put(d, (int64_t)in[i].slot);
+            put(d, (int64_t)in[i].values);
+            put(d, types[(seed + i) % 5]);
+            put(d, (int64_t)in[i].ndims);
+            for (uint64_t k = 0; k < in[i].ndims; k++)
+                put(d, in[i].dims[k]);
+        }
+    put(d, 0); /* no folded Concat */
+    int64_t outputs = 1 + seed % 3;
+    put(d, outputs);
+    static const uint8_t out_names[][4] = {"out", "n", "ok"};
+    for (int64_t o = 0; o < outputs; o++) {
+        put(d, name(d, out_names[o], strlen((const char*)out_names[o])));
+        put(d, name(d, out_names[o], strlen((const char*)out_names[o])));
+    }
+    return 0;
+}
+
+/* The response's framing: entries of (field 1: name, field 2: ArrayProto), all in bounds. */
+static int entries(const uint8_t* p, int64_t size) {
+    const uint8_t* end = p + size;
+    int n = 0;
+    while (p < end) {
+        CHECK(*p++ == 0x0A);
+        uint64_t body = varint(&p, end);
+        CHECK(body <= (uint64_t)(end - p));
+        const uint8_t* stop = p + body;
+        CHECK(*p++ == 0x0A);
+        p += varint(&p, stop);
+        CHECK(p < stop && *p++ == 0x12);
+        uint64_t array = varint(&p, stop);
+        CHECK(array == (uint64_t)(stop - p));
+        p = stop;
+        n++;
+    }
+    return n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    if (!slot)
+        setup();
+    if (size < 2 || size > 1 << 16)
+        return 0;
+    uint8_t seed = data[0];
+    int64_t n = (int64_t)size - 1;
+    uint8_t* request = malloc((size_t)n); /* exactly its size: ASan sees a read past the end */
+    memcpy(request, data + 1, (size_t)n);
+    if (!current || served_inputs % 64 == 0) {
+        rs_servable* next = fresh();
+        rs_slot_publish(slot, next, RS_FALLBACK_NO_SERVABLE);
+        if (current) {
+            CHECK(rs_servable_drain(current, 1000) == 0);
+            rs_servable_free(current);
+        }
+        current = next;
+    }
+    served_inputs++;
+
+    int64_t* values = malloc((size_t)(n + 1) * sizeof(int64_t));
+    int64_t* scratch = malloc((size_t)(32 * n + 64) * sizeof(int64_t));
+    int64_t layout = rs_decode_request(request, n, values, n + 1, scratch, 32 * n + 64);
+    uint8_t* out = NULL;
+    int64_t out_size = -1, info[RS_INFO_SIZE];
+    int registered = 0;
+    if (layout > 0) {
+        static description d;
+        memset(&d, 0, sizeof d);
+        if (describe((const uint8_t*)scratch, layout, seed, &d) == 0) {
+            int added = rs_servable_add_route(current, (const uint8_t*)scratch, layout, d.ints, d.n, d.names, d.names_size);
+            CHECK(added >= 0);
+            registered = added == 0 || added == 1;
+            if (added == 1 && rs_servable_routes(current) >= 1024)
+                registered = 0; /* the table is full: it may not hold this layout */
+        }
+    }
+    int status = rs_route_process(slot, request, n, &out, &out_size, info);
+    if (registered)
+        CHECK(status == 200); /* this layout's route (or an earlier one for the same layout) serves it */
+    if (status == 200) {
+        CHECK(out && out_size >= 0);
+        CHECK(entries(out, out_size) >= 1);
+        uint8_t* again = NULL;
+        int64_t again_size = -1;
+        CHECK(rs_route_process(slot, request, n, &again, &again_size, NULL) == 200);
+        CHECK(again_size == out_size && memcmp(again, out, (size_t)out_size) == 0);
+        free(again);
+    } else {
+        CHECK(status == 0 && out == NULL && out_size == 0);
+        CHECK(info[RS_INFO_REASON] >= 0 && info[RS_INFO_REASON] < RS_FALLBACK_REASONS);
+        if (layout < 0)
+            CHECK(info[RS_INFO_REASON] == RS_FALLBACK_PARSE);
+    }
+    free(out);
+    free(values);
+    free(scratch);
+    free(request);
+    return 0;
+}

@@ -1,0 +1,255 @@
+"""The native request route (native/route.c, recserve.processor.native_route): once a layout
+has a route, `Processor.process` answers it in C. Its bytes must be the Python route's, for
+every request shape the route tests use; requests it does not serve are counted by reason;
+a swap never frees a version a native request still holds."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.models import build_plain_dlrm
+from recserve import Processor
+from recserve.export.demo import DemoModel
+from recserve.model_store.checkpoint import Checkpoint
+from recserve.model_store.manifest import Manifest
+from recserve.model_store.versions import VersionRef
+from recserve.processor import native_route
+from recserve.processor.trace import RequestTrace
+from recserve.wire import codec
+from recserve.wire.codec import encode_request
+from tests.processor.test_processor_parity import _random_model, _random_request
+
+pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
+
+WAIT = 30.0  # seconds: every wait below has this bound
+
+
+def _python_route(processor: Processor, data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[int, bytes]:
+    """The spec: the general Python path (generated parser, signature checks, predict)."""
+    with monkeypatch.context() as m:
+        m.setattr(codec, "_native_parse", None)
+        return processor.process_python(data)
+
+
+def _served(processor: Processor) -> int:
+    return int(processor.model_info()["native_route"]["served"])
+
+
+def _assert_native_equals_python(processor: Processor, data: bytes, monkeypatch: pytest.MonkeyPatch,
+                                 native: bool = True) -> None:
+    want = _python_route(processor, data, monkeypatch)
+    assert want[0] == 200, want[1][:300]
+    processor.process(data)                  # a new layout: validated and registered by Python
+    before = _served(processor)
+    got = processor.process(data)
+    assert got == want
+    assert _served(processor) == before + (1 if native else 0)
+
+
+@pytest.fixture(scope="module")
+def demo_processor(demo: DemoModel) -> Iterator[Processor]:
+    p = Processor(demo.config_path.read_text())
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory):
+    return build_plain_dlrm(tmp_path_factory.mktemp("plain"), rows=2000)
+
+
+@pytest.fixture(scope="module")
+def plain_processor(plain) -> Iterator[Processor]:
+    p = Processor(plain.config())
+    yield p
+    p.close()
+
+
+def test_the_demo_model_is_served_natively_byte_for_byte(
+    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert demo_processor.model_info()["native_route"]["enabled"]
+    rng = np.random.default_rng(21)
+    for batch in (1, 2, 3, 8, 64):
+        _assert_native_equals_python(demo_processor, encode_request(demo.sample_inputs(batch, rng)), monkeypatch)
+    inputs = demo.sample_inputs(2, rng)
+    renamed = {("user_id:0" if k == "user_id" else k): v for k, v in inputs.items()}
+    for request, output_filter in ((inputs, ["prob"]), (renamed, ["logits", "prob"]), (inputs, [])):
+        _assert_native_equals_python(demo_processor, encode_request(request, output_filter=output_filter), monkeypatch)
+
+
+def test_narrow_integers_and_strings_are_native_and_halves_stay_in_python(
+    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inputs = demo.sample_inputs(3, np.random.default_rng(8))
+    inputs["user_id"] = np.array([-5, 7, 2**31 - 1], np.int32)
+    inputs["item_id"] = inputs["item_id"].astype(np.uint16)
+    inputs["age"] = np.array([[18], [40], [-3]], np.int16)   # int16 on the wire, float32 to the graph
+    inputs["city"] = np.array([b"Hangzhou", "東京".encode(), b""], dtype=object)
+    _assert_native_equals_python(demo_processor, encode_request(inputs), monkeypatch)
+    # float16 values have no native reader: the layout is served by Python every time.
+    inputs["price"] = inputs["price"].astype(np.float16)
+    misses = demo_processor.model_info()["native_route"]["fallbacks"]["route_miss"]
+    _assert_native_equals_python(demo_processor, encode_request(inputs), monkeypatch, native=False)
+    assert demo_processor.model_info()["native_route"]["fallbacks"]["route_miss"] == misses + 2
+
+
+def test_every_binding_shape_and_combiner_is_native(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir, checkpoint_dir, known = _random_model(tmp_path)
+    processor = Processor({"savedmodel_dir": str(model_dir), "checkpoint_dir": str(checkpoint_dir)})
+    try:
+        rng = np.random.default_rng(17)
+        for _ in range(60):
+            _assert_native_equals_python(processor, encode_request(_random_request(rng, known)), monkeypatch)
+    finally:
+        processor.close()
+
+
+def test_the_plain_dlrm_model_with_its_folded_concat_is_native(
+    plain_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(plain_processor._manager.current.native._runner, native_route.OrtRunner)
+    rng = np.random.default_rng(3)
+    for batch in (1, 2, 64, 512):
+        _assert_native_equals_python(plain_processor, encode_request(plain.sample(batch, rng)), monkeypatch)
+
+
+def test_fallbacks_are_counted_by_reason(
+    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = encode_request(demo.sample_inputs(5, np.random.default_rng(30)))
+
+    def fallbacks() -> dict[str, int]:
+        return demo_processor.model_info()["native_route"]["fallbacks"]
+
+    before = fallbacks()
+    assert demo_processor.process(data)[0] == 200          # a new layout
+    assert demo_processor.process(b"\x0a\xff")[0] == 400  # bytes the C parser declines
+    traced = RequestTrace(want_ort_profile=True)
+    assert demo_processor.process(data, trace=traced)[0] == 200
+    assert traced.ort_profile_path is not None
+    after = fallbacks()
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {
+        "route_miss": 1, "parse": 1, "trace": 1}
+
+
+def _new_version(processor: Processor):
+    return processor._build(Checkpoint(VersionRef("graph", processor.config.savedmodel_dir, 0),
+                                       Manifest("full", 0, {}), {}, {}))
+
+
+@pytest.fixture
+def python_run_processor(plain, monkeypatch: pytest.MonkeyPatch) -> Iterator[Processor]:
+    """The plain model with Python sessions: its native route's dense run calls back into
+    Python (PythonRunner), where a test can hold a request in the middle of its lease."""
+    monkeypatch.setenv("RECSERVE_NATIVE_DENSE", "0")
+    p = Processor(plain.config())
+    yield p
+    p.close()
+
+
+def test_a_swap_frees_the_old_version_only_after_its_native_requests_end(
+    python_run_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain_processor = python_run_processor
+    data = encode_request(plain.sample(4, np.random.default_rng(40)))
+    want = _python_route(plain_processor, data, monkeypatch)
+    plain_processor.process(data)
+    old = plain_processor._manager.current
+    assert isinstance(old.native._runner, native_route.PythonRunner)
+    entered, release = threading.Event(), threading.Event()
+    run = old.sessions.run
+
+    def held_run(*args, **kwargs):
+        entered.set()
+        assert release.wait(WAIT)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(old.sessions, "run", held_run)
+    result: list[tuple[int, bytes]] = []
+    errors: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            result.append(plain_processor.process(data))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    try:
+        assert entered.wait(WAIT)
+        native = old.native
+        assert native is not None and native.address is not None
+        plain_processor._manager.swap(_new_version(plain_processor))  # retires `old`: its lease is native only
+        # The closer waits for the native lease: the version and its sessions are still there.
+        assert not release.wait(0.3)
+        assert native.address is not None and old.sessions.session_count > 0
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert not thread.is_alive() and not errors
+    assert result == [want]
+    for _ in range(int(WAIT / 0.05)):
+        if native.address is None:
+            break
+        threading.Event().wait(0.05)
+    assert native.address is None  # freed once the request ended
+    assert plain_processor.process(data) == want  # the new version serves (its first request: Python)
+
+
+def test_threads_serve_natively_while_versions_swap(
+    plain_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(50)
+    requests = [encode_request(plain.sample(b, rng)) for b in (1, 1, 2, 8)]
+    expected = [_python_route(plain_processor, r, monkeypatch) for r in requests]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    served = [0] * 4
+
+    def hammer(k: int) -> None:
+        try:
+            i = k
+            while not stop.is_set():
+                got = plain_processor.process(requests[i % len(requests)])
+                assert got == expected[i % len(requests)]
+                served[k] += 1
+                i += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            stop.set()
+
+    before = _served(plain_processor)
+    threads = [threading.Thread(target=hammer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(8):
+            plain_processor._manager.swap(_new_version(plain_processor))
+            stop.wait(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(WAIT)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[0]
+    assert sum(served) > 0
+    assert _served(plain_processor) > before
+
+
+def test_bytes_like_requests_are_served_natively(
+    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = encode_request(demo.sample_inputs(6, np.random.default_rng(60)))
+    want = _python_route(demo_processor, data, monkeypatch)
+    demo_processor.process(data)
+    before = _served(demo_processor)
+    assert demo_processor.process(bytearray(data)) == want   # the HTTP server's bodies
+    assert demo_processor.process(memoryview(data)) == want
+    assert _served(demo_processor) == before + 2
