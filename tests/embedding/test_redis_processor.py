@@ -18,6 +18,7 @@ from recserve.embedding.redis_keys import KeySpace
 from recserve.errors import StorageError
 from recserve.export import write_checkpoint
 from recserve.export.demo import DemoModel, demo_tables, write_demo
+from recserve.wire.codec import encode_request
 
 
 @pytest.fixture
@@ -151,8 +152,12 @@ def test_redis_killed_and_restarted(demo: DemoModel, replicas: list[Processor], 
     fresh = demo.sample_inputs(16, np.random.default_rng(3))  # ids not cached yet
     with pytest.raises(StorageError, match=f"Redis at redis://127.0.0.1:{redis_server.port} is unreachable"):
         replicas[0].predict(fresh)
-    status, _ = replicas[1].process(b"\x00")  # the C ABI path reports, never raises
-    assert status in (400, 503)
+    # The C ABI path reports, never raises: a valid request needing uncached rows is a 503
+    # naming the unreachable Redis.
+    other = demo.sample_inputs(16, np.random.default_rng(4))
+    status, message = replicas[1].process(encode_request(other))
+    assert status == 503, message
+    assert f"Redis at redis://127.0.0.1:{redis_server.port} is unreachable" in message.decode(), message
     redis_server.start()
     # Each replica's follower finds the rows gone on its own schedule (its reconnect
     # backoff), so each recovers on its own; one serving says nothing of the other.
