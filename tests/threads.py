@@ -12,10 +12,15 @@ from typing import Any
 
 
 class Threads:
-    """Runs each target on its own thread from construction; `join` waits for all of them."""
+    """Runs each target on its own thread from construction; `join` waits for all of them.
 
-    def __init__(self, targets: Sequence[Callable[[], Any]], what: str) -> None:
+    `breaks`: barriers the test's own thread waits on with the workers; a worker's failure
+    aborts them, so the test stops waiting at once instead of at the barrier's timeout."""
+
+    def __init__(self, targets: Sequence[Callable[[], Any]], what: str,
+                 *, breaks: Sequence[threading.Barrier] = ()) -> None:
         self.what = what
+        self._breaks = list(breaks)
         self._results: list[Any] = [None] * len(targets)
         self._errors: list[BaseException] = []
         self._threads = [
@@ -28,8 +33,15 @@ class Threads:
     def _run(self, index: int, target: Callable[[], Any]) -> None:
         try:
             self._results[index] = target()
-        except BaseException as error:  # noqa: BLE001 - re-raised by join, in the test's thread
+        except BaseException as error:  # noqa: BLE001 - re-raised by join/check, in the test's thread
             self._errors.append(error)
+            for barrier in self._breaks:
+                barrier.abort()
+
+    def check(self) -> None:
+        """Raises the first worker's exception, if one has failed by now."""
+        if self._errors:
+            raise self._errors[0]
 
     def join(self, timeout: float) -> list[Any]:
         """Each target's return value, in order. Raises the first worker's exception, or an
@@ -39,12 +51,16 @@ class Threads:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
-        if self._errors:
-            raise self._errors[0]
+        self.check()
         assert not alive, f"still running after {timeout} s: {', '.join(alive)}"
         return self._results
 
 
-def wait_for(event: threading.Event, timeout: float, what: str) -> None:
-    """Waits for `event`; fails naming `what` if it is not set within `timeout` seconds."""
-    assert event.wait(timeout), f"timed out after {timeout} s waiting for {what}"
+def wait_for(event: threading.Event, timeout: float, what: str, workers: Threads | None = None) -> None:
+    """Waits for `event`; fails naming `what` if it is not set within `timeout` seconds, or
+    at once with a worker's exception if one of `workers` failed meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not event.wait(0.02):
+        if workers is not None:
+            workers.check()
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"

@@ -217,15 +217,15 @@ def test_version_switch_never_mixes_versions(redis_server: Any, opened: Any, tmp
 
     thread = Threads([reader], "the reader across version switches")
     try:
-        wait_for(saw[1.0], 60, "the reader's first response, from version 1")
+        wait_for(saw[1.0], 60, "the reader's first response, from version 1", thread)
         for step in (2, 3):
             nxt = opened(BINDINGS, version(tmp_path, step, tables(step)), config(redis_server), MODEL)
             current_plan[0] = nxt.lookup_plan(PLAN)
             current.append(nxt)
-        wait_for(saw[3.0], 60, "the reader's first response from version 3")
+        wait_for(saw[3.0], 60, "the reader's first response from version 3", thread)
     finally:
         stop.set()
-    (seen,) = thread.join(timeout=60)
+        (seen,) = thread.join(timeout=60)
     assert not errors, errors[:3]
     assert {1.0, 3.0} <= seen <= {1.0, 2.0, 3.0}, seen
     assert current_plan[0].run([np.array([1]), np.array([[1]]), np.array([1])])[0][0, 0] == 3.0

@@ -105,7 +105,7 @@ def test_a_long_write_keeps_its_claim(conn: Any, redis_server: Any) -> None:
     def slow() -> int:
         started = time.monotonic()
         other.append(Threads([other_replica], "the other replica"))
-        wait_for(other_waits, 60, "the other replica to find the claim")
+        wait_for(other_waits, 60, "the other replica to find the claim", other[0])
         time.sleep(max(0.0, started + 3 * lifetime - time.monotonic()))  # three lifetimes of the claim
         seen.append(redis_server.client().get(MARKER))
         return 1

@@ -42,7 +42,7 @@ def test_mod_gives_each_thread_one_session_in_order_of_arrival() -> None:
         for slot in range(4):
             called = threading.Event()
             threads.append(Threads([lambda slot=slot, called=called: body(slot, called)], f"MOD caller {slot}"))
-            wait_for(called, 60, f"MOD caller {slot}'s first call")
+            wait_for(called, 60, f"MOD caller {slot}'s first call", threads[-1])
     finally:
         done.set()
     for thread in threads:
