@@ -146,7 +146,9 @@ def test_cache_stays_bounded_and_lookups_stay_exact(redis_server: Any, opened: A
 
 def test_concurrent_lookups_with_evictions_are_exact(redis_server: Any, opened: Any, tmp_path: Path) -> None:
     ckpt = version(tmp_path, 1)
-    store = opened(BINDINGS, ckpt, config(redis_server, redis_cache_rows=300), MODEL)
+    # A 10 s socket timeout: on a loaded 2-core machine a round trip took over the 1 s
+    # default (measured at load 10); this test is about evictions, not timeouts.
+    store = opened(BINDINGS, ckpt, config(redis_server, redis_cache_rows=300, redis_timeout_seconds=10), MODEL)
     plan = store.lookup_plan(PLAN)
 
     def worker(seed: int) -> int:
