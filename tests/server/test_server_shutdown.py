@@ -16,10 +16,11 @@ import numpy as np
 
 from recserve.proto import eas_service_pb2_grpc, predict_pb2
 from recserve.wire.codec import decode_response, encode_request
+from tests.server.conftest import UNHURRIED
 
 
 def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):
-    running = launch(json.loads(demo.config_path.read_text()))
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED)
     inputs = demo.sample_inputs(1024, np.random.default_rng(31))
     body = encode_request(inputs, output_filter=["probabilities"])
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]

@@ -22,6 +22,7 @@ from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
 from recserve.model_store.checkpoint import TableData
 from recserve.wire.codec import decode_response, encode_request
+from tests.server.conftest import UNHURRIED
 from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
@@ -132,8 +133,9 @@ def test_updates_and_pins_reach_every_worker(launch, pool_demo):
         np.testing.assert_array_equal(got, pinned)
 
 
+
 def test_killed_worker_is_replaced_while_the_other_answers(launch, demo, demo_processor):
-    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED, workers=2)
     inputs = demo.sample_inputs(8, np.random.default_rng(7))
     body = encode_request(inputs, output_filter=["probabilities"])
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
@@ -185,7 +187,7 @@ def test_killed_worker_is_replaced_while_the_other_answers(launch, demo, demo_pr
 
 
 def test_sigterm_drains_every_worker_and_exits_0(launch, demo, demo_processor):
-    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED, workers=2)
     inputs = demo.sample_inputs(1024, np.random.default_rng(8))
     body = encode_request(inputs, output_filter=["probabilities"])
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]

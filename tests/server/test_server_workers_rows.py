@@ -14,7 +14,7 @@ import pytest
 
 from recserve.export import write_delta
 from recserve.wire.codec import decode_response, encode_request
-from tests.server.conftest import write_rows_model
+from tests.server.conftest import UNHURRIED, write_rows_model
 from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
@@ -25,7 +25,7 @@ ROWS, DIM = 100_000, 16
 
 def test_no_torn_rows_while_deltas_land(launch, tmp_path):
     config = write_rows_model(tmp_path, ROWS, DIM)
-    running = launch(config, workers=2)
+    running = launch(config | UNHURRIED, workers=2)
     keys = np.arange(ROWS, dtype=np.int64)
     stop = threading.Event()
     torn: list[np.ndarray] = []
