@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: peers install native redis-server valgrind wrk clang serve test test-sanitize fuzz fuzz-merge bench proto docs clean
+.PHONY: peers install native redis-server valgrind wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[test]'
+	# TF Serving's gRPC client for the tests. --no-deps: it requires the `tensorflow`
+	# distribution, which would install a second TensorFlow over tensorflow-cpu (same module).
+	$(BIN)/pip install -q --no-deps 'tensorflow-serving-api>=2.16'
 	touch $@
 
 # Rebuilds the C libraries when their sources changed (editable installs do not).
@@ -35,6 +38,11 @@ wrk:
 clang:
 	@echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' | clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends clang libclang-rt-dev; }
 
+# buildah, podman and runc build and run the image (tests/image); debootstrap makes a
+# stand-in for its base image where no registry is reachable.
+container-tools:
+	@command -v buildah >/dev/null && command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends buildah podman runc debootstrap uidmap netavark aardvark-dns iptables; }
+
 serve: install
 	@[ -f .demo/config.json ] || $(BIN)/recserve demo --out .demo
 	$(BIN)/recserve serve --config .demo/config.json
@@ -43,6 +51,12 @@ serve: install
 # RECSERVE_REQUIRE_VALGRIND: the leak check fails instead of skipping without valgrind.
 test: install redis-server clang valgrind
 	RECSERVE_REQUIRE_VALGRIND=1 $(BIN)/python -m pytest -q
+
+# The Dockerfile built with buildah and run with podman (tests/image/test_image.py): every
+# protocol, the user, the size, the SIGTERM drain. RECSERVE_IMAGE_GPU=1 builds the gpu
+# target too (~3 GB of CUDA wheels). Needs root (rootful podman).
+image-test: install container-tools
+	RECSERVE_IMAGE_TEST=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/image
 
 # The native-heavy tests against libraries built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (RELIABILITY.md), in a copy of the tree so the regular build
@@ -57,8 +71,8 @@ SANITIZE_TREE  := build/sanitize
 SANITIZE_TESTS ?= tests/wire $(wildcard tests/embedding/test_embedding_*.py) tests/cabi \
                   tests/processor/test_processor_requests.py tests/processor/test_processor_tiers.py \
                   tests/processor/test_processor_parity.py tests/processor/test_batching.py \
-                  tests/processor/test_request_route.py
-SANITIZE_SKIP  ?= not never_sits_in_memory
+                  tests/processor/test_request_route.py tests/runtime/test_native_runner.py
+SANITIZE_SKIP  ?= not never_sits_in_memory and not memory_does_not_grow
 SANITIZE_ENV    = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
                   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
                   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

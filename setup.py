@@ -55,10 +55,19 @@ NATIVE = [
         extra_compile_args=CFLAGS + ["-pthread", "-ffp-contract=off"],
         extra_link_args=["-pthread", "-lm", *LDFLAGS],
     ),
+    # ONNX Runtime through its C API, loaded at run time with dlopen (no link-time dependency).
+    SharedLibrary(
+        "recserve.runtime.librecserve_ort",
+        sources=["native/ort_runner.c"],
+        depends=["native/ort_runner.h", "native/ort_api.h", "native/dense_run.h"],
+        include_dirs=["native"],
+        extra_compile_args=CFLAGS + ["-pthread"],
+        extra_link_args=["-pthread", "-ldl", *LDFLAGS],
+    ),
     SharedLibrary(
         "recserve.wire.librecserve_codec",
         sources=["native/codec.c"],
-        depends=["native/codec.h"],
+        depends=["native/codec.h", "native/codec_tfs.inc"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,

@@ -569,9 +569,10 @@ static int64_t each_filter(const decoder *d, layout *l)
     return count;
 }
 
-static int64_t write_layout(decoder *d, const uint8_t *sig, int64_t sig_len)
+/* Writes the layout at l.at (after a caller's prefix); returns its end, or a negated status. */
+static int64_t write_layout_at(decoder *d, const uint8_t *sig, int64_t sig_len, int64_t at)
 {
-    layout l = {(uint8_t *)d->scratch, 0, (d->scratch_cap - d->nrows * ROW_SLOTS) * 8};
+    layout l = {(uint8_t *)d->scratch, at, (d->scratch_cap - d->nrows * ROW_SLOTS) * 8};
     int64_t filters = each_filter(d, NULL), inputs = 0;
     for (int64_t i = 0; i < d->nrows; i++)
         inputs += row_at(d, i)[R_ALIVE];
@@ -630,5 +631,7 @@ RS_CODEC_API int64_t rs_decode_request(const uint8_t *data, int64_t size, int64_
     int status = mark_survivors(&d);
     if (status != OK)
         return -status;
-    return write_layout(&d, sig, sig_len);
+    return write_layout_at(&d, sig, sig_len, 0);
 }
+
+#include "codec_tfs.inc"

@@ -70,4 +70,18 @@ RS_CODEC_API int64_t rs_decode_request(const uint8_t *data, int64_t size,
                                        int64_t *values, int64_t values_cap,
                                        int64_t *scratch, int64_t scratch_cap);
 
+/* tensorflow.serving.PredictRequest wire bytes -> the same values and layout, the layout
+ * behind a prefix holding the request's ModelSpec (see codec_tfs.inc for which requests
+ * it takes):
+ *   model_spec.name, version kind (0 none, 1 version, 2 version_label), then the version
+ *   (its int64 as a uint64 varint) or the label
+ * (model_spec.signature_name is the layout's signature_name). values_cap = size + 1 slots
+ * suffices unless a *_val field's last value repeats to fill a tensor: then
+ * -RS_CODEC_VALUES_FULL, and 2 * (size + 1) + 2 * RS_CODEC_TFS_MAX_FILL slots suffice. */
+enum { RS_CODEC_TFS_MAX_FILL = 1 << 20 };   /* elements a request's *_val fields may be short of, in all */
+
+RS_CODEC_API int64_t rs_decode_tfs_request(const uint8_t *data, int64_t size,
+                                           int64_t *values, int64_t values_cap,
+                                           int64_t *scratch, int64_t scratch_cap);
+
 #endif

@@ -178,6 +178,12 @@ RS_API void rs_xxh64_batch(const uint8_t* data, const int64_t* starts, const int
  * request parser leaves string values); `out` may be `spans` itself: key i is written after
  * pair i is read, over pairs already read. */
 RS_API void rs_xxh64_spans(const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out);
+/* TensorFlow's StringToHashBucketFast: Fingerprint64 (farmhash) of each string modulo
+ * `buckets` (> 0); the empty string is padding (-1). Same layouts as the xxh64 calls. */
+RS_API uint64_t rs_fingerprint64(const uint8_t* s, uint64_t len);
+RS_API void rs_bucket_batch(const uint8_t* data, const int64_t* starts, const int64_t* lengths, int64_t n,
+                            uint64_t buckets, int64_t* out);
+RS_API void rs_bucket_spans(const uint8_t* data, const int64_t* spans, int64_t n, uint64_t buckets, int64_t* out);
 
 /* Internal: one key's N(0, stddev) default row (the algorithm is in embedding_keys.c). */
 void rs_default_vector(double stddev, uint64_t seed, int64_t key, int64_t dim, float* out);

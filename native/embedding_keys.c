@@ -128,3 +128,135 @@ void rs_default_vectors(double stddev, uint64_t seed, const int64_t* keys, int64
                         int64_t dim, float* out) {
     for (int64_t i = 0; i < n; i++) rs_default_vector(stddev, seed, keys[i], dim, out + i * dim);
 }
+
+/* ---- TensorFlow's StringToHashBucketFast: Fingerprint64 (farmhash's farmhashna::Hash64)
+ * modulo the bucket count, after farmhash's reference source (Apache 2.0, Google) ---- */
+
+static const uint64_t K0 = 0xc3a5c85c97cb3127ULL;
+static const uint64_t K1 = 0xb492b66fbe98f273ULL;
+static const uint64_t K2 = 0x9ae16a3b2f90404fULL;
+
+static inline uint64_t rotr64(uint64_t v, int s) { return s == 0 ? v : (v >> s) | (v << (64 - s)); }
+static inline uint64_t shift_mix(uint64_t v) { return v ^ (v >> 47); }
+
+static inline uint64_t hash_len16(uint64_t u, uint64_t v, uint64_t mul) {
+    uint64_t a = (u ^ v) * mul;
+    a ^= (a >> 47);
+    uint64_t b = (v ^ a) * mul;
+    b ^= (b >> 47);
+    return b * mul;
+}
+
+static uint64_t hash_len0to16(const uint8_t* s, uint64_t len) {
+    if (len >= 8) {
+        uint64_t mul = K2 + len * 2;
+        uint64_t a = read64(s) + K2;
+        uint64_t b = read64(s + len - 8);
+        uint64_t c = rotr64(b, 37) * mul + a;
+        uint64_t d = (rotr64(a, 25) + b) * mul;
+        return hash_len16(c, d, mul);
+    }
+    if (len >= 4) {
+        uint64_t mul = K2 + len * 2;
+        uint64_t a = read32(s);
+        return hash_len16(len + (a << 3), read32(s + len - 4), mul);
+    }
+    if (len > 0) {
+        uint32_t y = (uint32_t)s[0] + ((uint32_t)s[len >> 1] << 8);
+        uint32_t z = (uint32_t)len + ((uint32_t)s[len - 1] << 2);
+        return shift_mix((uint64_t)y * K2 ^ (uint64_t)z * K0) * K2;
+    }
+    return K2;
+}
+
+static uint64_t hash_len17to32(const uint8_t* s, uint64_t len) {
+    uint64_t mul = K2 + len * 2;
+    uint64_t a = read64(s) * K1;
+    uint64_t b = read64(s + 8);
+    uint64_t c = read64(s + len - 8) * mul;
+    uint64_t d = read64(s + len - 16) * K2;
+    return hash_len16(rotr64(a + b, 43) + rotr64(c, 30) + d, a + rotr64(b + K2, 18) + c, mul);
+}
+
+static uint64_t hash_len33to64(const uint8_t* s, uint64_t len) {
+    uint64_t mul = K2 + len * 2;
+    uint64_t a = read64(s) * K2;
+    uint64_t b = read64(s + 8);
+    uint64_t c = read64(s + len - 8) * mul;
+    uint64_t d = read64(s + len - 16) * K2;
+    uint64_t y = rotr64(a + b, 43) + rotr64(c, 30) + d;
+    uint64_t z = hash_len16(y, a + rotr64(b + K2, 18) + c, mul);
+    uint64_t e = read64(s + 16) * mul;
+    uint64_t f = read64(s + 24);
+    uint64_t g = (y + read64(s + len - 32)) * mul;
+    uint64_t h = (z + read64(s + len - 24)) * mul;
+    return hash_len16(rotr64(e + f, 43) + rotr64(g, 30) + h, e + rotr64(f + a, 18) + g, mul);
+}
+
+typedef struct { uint64_t first, second; } pair64;
+
+static inline pair64 weak_hash_len32(const uint8_t* s, uint64_t a, uint64_t b) {
+    uint64_t w = read64(s), x = read64(s + 8), y = read64(s + 16), z = read64(s + 24);
+    a += w;
+    b = rotr64(b + a + z, 21);
+    uint64_t c = a;
+    a += x;
+    a += y;
+    b += rotr64(a, 44);
+    pair64 out = {a + z, b + c};
+    return out;
+}
+
+uint64_t rs_fingerprint64(const uint8_t* s, uint64_t len) {
+    if (len <= 16) return hash_len0to16(s, len);
+    if (len <= 32) return hash_len17to32(s, len);
+    if (len <= 64) return hash_len33to64(s, len);
+    const uint64_t seed = 81;
+    uint64_t x = seed, y = seed * K1 + 113, z = shift_mix(y * K2 + 113) * K2, t;
+    pair64 v = {0, 0}, w = {0, 0};
+    x = x * K2 + read64(s);
+    const uint8_t* end = s + ((len - 1) / 64) * 64;
+    const uint8_t* last64 = end + ((len - 1) & 63) - 63;
+    do {
+        x = rotr64(x + y + v.first + read64(s + 8), 37) * K1;
+        y = rotr64(y + v.second + read64(s + 48), 42) * K1;
+        x ^= w.second;
+        y += v.first + read64(s + 40);
+        z = rotr64(z + w.first, 33) * K1;
+        v = weak_hash_len32(s, v.second * K1, x + w.first);
+        w = weak_hash_len32(s + 32, z + w.second, y + read64(s + 16));
+        t = z; z = x; x = t;
+        s += 64;
+    } while (s != end);
+    uint64_t mul = K1 + ((z & 0xff) << 1);
+    s = last64;
+    w.first += ((len - 1) & 63);
+    v.first += w.first;
+    w.first += v.first;
+    x = rotr64(x + y + v.first + read64(s + 8), 37) * mul;
+    y = rotr64(y + v.second + read64(s + 48), 42) * mul;
+    x ^= w.second * 9;
+    y += v.first * 9 + read64(s + 40);
+    z = rotr64(z + w.first, 33) * mul;
+    v = weak_hash_len32(s, v.second * mul, x + w.first);
+    w = weak_hash_len32(s + 32, z + w.second, y + read64(s + 16));
+    t = z; z = x; x = t;
+    return hash_len16(hash_len16(v.first, w.first, mul) + shift_mix(y) * K0 + z,
+                      hash_len16(v.second, w.second, mul) + x, mul);
+}
+
+/* The bucket of each string (the empty string is padding: -1), as `rs_xxh64_batch`. */
+void rs_bucket_batch(const uint8_t* data, const int64_t* starts, const int64_t* lengths, int64_t n,
+                     uint64_t buckets, int64_t* out) {
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = lengths[i] == 0 ? -1
+                                 : (int64_t)(rs_fingerprint64(data + starts[i], (uint64_t)lengths[i]) % buckets);
+    }
+}
+
+void rs_bucket_spans(const uint8_t* data, const int64_t* spans, int64_t n, uint64_t buckets, int64_t* out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t start = spans[2 * i], length = spans[2 * i + 1];
+        out[i] = length == 0 ? -1 : (int64_t)(rs_fingerprint64(data + start, (uint64_t)length) % buckets);
+    }
+}

@@ -23,6 +23,9 @@ __all__ = [
 
 COMBINERS = ("none", "sum", "mean", "sqrtn")
 KEY_DTYPES = ("int64", "string")
+KEY_HASHES = ("xxh64", "farmhash64_mod", "vocabulary")
+KEY_HASH_TF = "farmhash64_mod"
+KEY_HASH_VOCABULARY = "vocabulary"
 Combiner = Literal["none", "sum", "mean", "sqrtn"]
 
 
@@ -65,9 +68,19 @@ class EmbeddingBinding:
     combiner: Combiner = "none"
     key_dtype: Literal["int64", "string"] = "int64"
     default: DefaultSpec = field(default_factory=DefaultSpec)
+    # String keys: 0 = XXH64 (recserve's own hash); N > 0 = TensorFlow's StringToHashBucketFast
+    # into N buckets ("key_hash": "farmhash64_mod"), what a converted SavedModel's hashed
+    # columns do.
+    buckets: int = 0
+    # String keys that are their index in this list ("key_hash": "vocabulary"; absent: -1,
+    # padding): a converted SavedModel's vocabulary columns.
+    vocabulary: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        hashing: dict[str, Any] = {"key_hash": KEY_HASH_TF, "buckets": self.buckets} if self.buckets else {}
+        if self.vocabulary:
+            hashing = {"key_hash": KEY_HASH_VOCABULARY, "vocabulary": list(self.vocabulary)}
+        return hashing | {
             "input": self.input,
             "table": self.table,
             "dim": self.dim,
@@ -113,7 +126,8 @@ class ModelSpec:
         return json.dumps(self.to_json(), indent=2, sort_keys=True)
 
 
-_BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default"}
+_BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default", "key_hash", "buckets",
+                 "vocabulary"}
 
 
 def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
@@ -138,6 +152,24 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     key_dtype = raw.get("key_dtype", "int64")
     if key_dtype not in KEY_DTYPES:
         raise ModelLoadError(f"{where}: 'key_dtype' is {key_dtype!r}; valid values are {list(KEY_DTYPES)}")
+    key_hash = raw.get("key_hash", "xxh64")
+    buckets = raw.get("buckets", 0)
+    if key_hash not in KEY_HASHES:
+        raise ModelLoadError(f"{where}: 'key_hash' is {key_hash!r}; valid values are {list(KEY_HASHES)}")
+    if key_hash == KEY_HASH_TF:
+        if key_dtype != "string" or not isinstance(buckets, int) or isinstance(buckets, bool) or buckets <= 0:
+            raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_TF!r} needs 'key_dtype' \"string\" and 'buckets' "
+                                 f"a positive integer; got key_dtype {key_dtype!r}, buckets {buckets!r}")
+    elif "buckets" in raw:
+        raise ModelLoadError(f"{where}: 'buckets' goes with 'key_hash' {KEY_HASH_TF!r}")
+    vocabulary = raw.get("vocabulary", [])
+    if key_hash == KEY_HASH_VOCABULARY:
+        if key_dtype != "string" or not isinstance(vocabulary, list) or not vocabulary or \
+                not all(isinstance(w, str) for w in vocabulary):
+            raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_VOCABULARY!r} needs 'key_dtype' \"string\" and "
+                                 "'vocabulary' a non-empty list of strings")
+    elif "vocabulary" in raw:
+        raise ModelLoadError(f"{where}: 'vocabulary' goes with 'key_hash' {KEY_HASH_VOCABULARY!r}")
     graph_input = raw.get("graph_input", raw["input"])
     if not isinstance(graph_input, str):
         raise ModelLoadError(f"{where}: 'graph_input' must be a string")
@@ -149,6 +181,8 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         combiner=combiner,
         key_dtype=key_dtype,
         default=DefaultSpec.from_json(raw.get("default", "zeros"), where),
+        buckets=buckets if key_hash == KEY_HASH_TF else 0,
+        vocabulary=tuple(vocabulary) if key_hash == KEY_HASH_VOCABULARY else (),
     )
 
 

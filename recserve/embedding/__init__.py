@@ -29,6 +29,13 @@ same key with the ``xxhash`` package::
     key = xxhash.xxh64_intdigest(s.encode("utf-8"))
     key = key - 2**64 if key >= 2**63 else key
 
+With ``buckets`` N > 0 (``string_keys(values, N)``, a binding's ``"key_hash":
+"farmhash64_mod"``) the key is TensorFlow's ``StringToHashBucketFast``: Fingerprint64
+(farmhash's farmhashna::Hash64, unsigned) of the bytes modulo N — what ``tf.strings.
+to_hash_bucket_fast`` returns, bit for bit; '' is still padding. ``StringKeys`` picks the
+function of a binding, vocabulary lookups included (a string's index in the list, -1 —
+padding — when absent, as TensorFlow's feature columns drop out-of-vocabulary ids).
+
 Default rows, ``DefaultSpec("normal", stddev, seed)``. The row of unknown key k (all
 arithmetic on unsigned 64-bit integers, modulo 2**64; seed taken modulo 2**64; k as its
 two's-complement bits)::
@@ -76,6 +83,7 @@ else:
     IMPLEMENTATION = "native"
 
 from recserve.embedding._inputs import DuplicateKeyError, empty_rows
+from recserve.embedding.string_ids import StringKeys
 from recserve.embedding.tiers import TierSpec, tier_spec
 
 __all__ = [
@@ -83,6 +91,7 @@ __all__ = [
     "DuplicateKeyError",
     "EmbeddingTable",
     "LookupPlan",
+    "StringKeys",
     "TierSpec",
     "default_vectors",
     "empty_rows",

@@ -109,6 +109,8 @@ def _load() -> ctypes.CDLL:
         "rs_default_vectors": (None, [ctypes.c_double, ctypes.c_uint64, _p, _i64, _i64, _p]),
         "rs_xxh64_batch": (None, [_p, _p, _p, _i64, _p]),
         "rs_xxh64_spans": (None, [ctypes.c_char_p, _p, _i64, _p]),
+        "rs_bucket_batch": (None, [_p, _p, _p, _i64, ctypes.c_uint64, _p]),
+        "rs_bucket_spans": (None, [ctypes.c_char_p, _p, _i64, ctypes.c_uint64, _p]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -541,21 +543,28 @@ class LookupPlan:
         return results
 
 
-def string_keys(values: Sequence[bytes | str] | np.ndarray) -> np.ndarray:
+def string_keys(values: Sequence[bytes | str] | np.ndarray, buckets: int = 0) -> np.ndarray:
+    """The keys of strings: XXH64, or with `buckets` > 0 TensorFlow's StringToHashBucketFast
+    (Fingerprint64 modulo buckets); the empty string is padding (-1) either way."""
     data, starts, lengths, shape = _inputs.flatten_strings(values)
     keys = np.empty(len(lengths), dtype=np.int64)
     buffer = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(1, dtype=np.uint8)
-    _LIB.rs_xxh64_batch(
-        _address(buffer), _address(starts), _address(lengths), len(lengths), _address(keys)
-    )
+    if buckets > 0:
+        _LIB.rs_bucket_batch(_address(buffer), _address(starts), _address(lengths), len(lengths), buckets,
+                             _address(keys))
+    else:
+        _LIB.rs_xxh64_batch(_address(buffer), _address(starts), _address(lengths), len(lengths), _address(keys))
     return keys.reshape(shape)
 
 
-def string_keys_at(data: bytes, spans: np.ndarray) -> None:
+def string_keys_at(data: bytes, spans: np.ndarray, buckets: int = 0) -> None:
     """string_keys of the n strings data[start:start + length] that `spans` (int64,
     C-contiguous, 2n values: start, length, start, length, ...) names, written over the
     first n values of `spans` (the request parser's layout, hashed without building them)."""
-    _LIB.rs_xxh64_spans(data, _address(spans), len(spans) // 2, _address(spans))
+    if buckets > 0:
+        _LIB.rs_bucket_spans(data, _address(spans), len(spans) // 2, buckets, _address(spans))
+    else:
+        _LIB.rs_xxh64_spans(data, _address(spans), len(spans) // 2, _address(spans))
 
 
 def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from recserve.embedding import _inputs, tiers
-from recserve.embedding._purekeys import default_rows, string_key
+from recserve.embedding._purekeys import default_rows, string_bucket, string_key
 from recserve.embedding._puretier import TierStore
 from recserve.model_spec import COMBINERS, DefaultSpec
 
@@ -255,16 +255,18 @@ class _PackedLayout:
     ids_end: int
 
 
-def string_keys(values: Sequence[bytes | str] | np.ndarray) -> np.ndarray:
+def string_keys(values: Sequence[bytes | str] | np.ndarray, buckets: int = 0) -> np.ndarray:
     data, starts, lengths, shape = _inputs.flatten_strings(values)
-    keys = [string_key(data[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
+    key = string_key if buckets <= 0 else lambda b: string_bucket(b, buckets)
+    keys = [key(data[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
     return np.array(keys, dtype=np.int64).reshape(shape)
 
 
-def string_keys_at(data: bytes, spans: np.ndarray) -> None:
+def string_keys_at(data: bytes, spans: np.ndarray, buckets: int = 0) -> None:
     pairs = spans.tolist()
     n = len(pairs) // 2
-    spans[:n] = [string_key(data[s : s + k]) for s, k in zip(pairs[0::2], pairs[1::2])]
+    key = string_key if buckets <= 0 else lambda b: string_bucket(b, buckets)
+    spans[:n] = [key(data[s : s + k]) for s, k in zip(pairs[0::2], pairs[1::2])]
 
 
 def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""The deterministic functions of keys in pure Python: XXH64 (seed 0) of a string and the
-N(0, stddev) default row of an unknown key. native/embedding_keys.c computes the same bits;
+"""The deterministic functions of keys in pure Python: XXH64 (seed 0) of a string, TensorFlow's
+Fingerprint64 (farmhash) bucket of a string, and the N(0, stddev) default row of an unknown key. native/embedding_keys.c computes the same bits;
 the algorithms are spelled out in the package docstring."""
 
 from __future__ import annotations
@@ -70,6 +70,123 @@ def string_key(data: bytes) -> int:
         return -1
     h = xxh64(data)
     return h - (1 << 64) if h >= 1 << 63 else h
+
+
+_K0 = 0xC3A5C85C97CB3127
+_K1 = 0xB492B66FBE98F273
+_K2 = 0x9AE16A3B2F90404F
+
+
+def _rotr(v: int, s: int) -> int:
+    return v if s == 0 else ((v >> s) | (v << (64 - s))) & _M
+
+
+def _shift_mix(v: int) -> int:
+    return v ^ (v >> 47)
+
+
+def _f64(data: bytes, p: int) -> int:
+    return int.from_bytes(data[p : p + 8], "little")
+
+
+def _f32(data: bytes, p: int) -> int:
+    return int.from_bytes(data[p : p + 4], "little")
+
+
+def _len16(u: int, v: int, mul: int) -> int:
+    a = ((u ^ v) * mul) & _M
+    a ^= a >> 47
+    b = ((v ^ a) * mul) & _M
+    b ^= b >> 47
+    return (b * mul) & _M
+
+
+def _weak32(data: bytes, p: int, a: int, b: int) -> tuple[int, int]:
+    w, x, y, z = _f64(data, p), _f64(data, p + 8), _f64(data, p + 16), _f64(data, p + 24)
+    a = (a + w) & _M
+    b = _rotr((b + a + z) & _M, 21)
+    c = a
+    a = (a + x + y) & _M
+    b = (b + _rotr(a, 44)) & _M
+    return (a + z) & _M, (b + c) & _M
+
+
+def fingerprint64(s: bytes) -> int:
+    """TensorFlow's Fingerprint64 (farmhash's farmhashna::Hash64), unsigned."""
+    n = len(s)
+    if n <= 16:
+        if n >= 8:
+            mul = _K2 + n * 2
+            a = (_f64(s, 0) + _K2) & _M
+            b = _f64(s, n - 8)
+            c = (_rotr(b, 37) * mul + a) & _M
+            d = ((_rotr(a, 25) + b) * mul) & _M
+            return _len16(c, d, mul)
+        if n >= 4:
+            return _len16(n + (_f32(s, 0) << 3), _f32(s, n - 4), _K2 + n * 2)
+        if n > 0:
+            y = s[0] + (s[n >> 1] << 8)
+            z = n + (s[n - 1] << 2)
+            return (_shift_mix(((y * _K2) ^ (z * _K0)) & _M) * _K2) & _M
+        return _K2
+    mul = _K2 + n * 2
+    if n <= 32:
+        a = (_f64(s, 0) * _K1) & _M
+        b = _f64(s, 8)
+        c = (_f64(s, n - 8) * mul) & _M
+        d = (_f64(s, n - 16) * _K2) & _M
+        return _len16((_rotr((a + b) & _M, 43) + _rotr(c, 30) + d) & _M, (a + _rotr((b + _K2) & _M, 18) + c) & _M, mul)
+    if n <= 64:
+        a = (_f64(s, 0) * _K2) & _M
+        b = _f64(s, 8)
+        c = (_f64(s, n - 8) * mul) & _M
+        d = (_f64(s, n - 16) * _K2) & _M
+        y = (_rotr((a + b) & _M, 43) + _rotr(c, 30) + d) & _M
+        z = _len16(y, (a + _rotr((b + _K2) & _M, 18) + c) & _M, mul)
+        e = (_f64(s, 16) * mul) & _M
+        f = _f64(s, 24)
+        g = ((y + _f64(s, n - 32)) * mul) & _M
+        h = ((z + _f64(s, n - 24)) * mul) & _M
+        return _len16((_rotr((e + f) & _M, 43) + _rotr(g, 30) + h) & _M, (e + _rotr((f + a) & _M, 18) + g) & _M, mul)
+    x, y = 81, (81 * _K1 + 113) & _M
+    z = (_shift_mix((y * _K2 + 113) & _M) * _K2) & _M
+    v, w = (0, 0), (0, 0)
+    x = (x * _K2 + _f64(s, 0)) & _M
+    end = ((n - 1) // 64) * 64
+    last64 = end + ((n - 1) & 63) - 63
+    p = 0
+    while True:
+        x = (_rotr((x + y + v[0] + _f64(s, p + 8)) & _M, 37) * _K1) & _M
+        y = (_rotr((y + v[1] + _f64(s, p + 48)) & _M, 42) * _K1) & _M
+        x ^= w[1]
+        y = (y + v[0] + _f64(s, p + 40)) & _M
+        z = (_rotr((z + w[0]) & _M, 33) * _K1) & _M
+        v = _weak32(s, p, (v[1] * _K1) & _M, (x + w[0]) & _M)
+        w = _weak32(s, p + 32, (z + w[1]) & _M, (y + _f64(s, p + 16)) & _M)
+        z, x = x, z
+        p += 64
+        if p == end:
+            break
+    mul = _K1 + ((z & 0xFF) << 1)
+    p = last64
+    w0 = (w[0] + ((n - 1) & 63)) & _M
+    v0 = (v[0] + w0) & _M
+    w = ((w0 + v0) & _M, w[1])
+    v = (v0, v[1])
+    x = (_rotr((x + y + v[0] + _f64(s, p + 8)) & _M, 37) * mul) & _M
+    y = (_rotr((y + v[1] + _f64(s, p + 48)) & _M, 42) * mul) & _M
+    x ^= (w[1] * 9) & _M
+    y = (y + v[0] * 9 + _f64(s, p + 40)) & _M
+    z = (_rotr((z + w[0]) & _M, 33) * mul) & _M
+    v = _weak32(s, p, (v[1] * mul) & _M, (x + w[0]) & _M)
+    w = _weak32(s, p + 32, (z + w[1]) & _M, (y + _f64(s, p + 16)) & _M)
+    z, x = x, z
+    return _len16((_len16(v[0], w[0], mul) + _shift_mix(y) * _K0 + z) & _M, (_len16(v[1], w[1], mul) + x) & _M, mul)
+
+
+def string_bucket(data: bytes, buckets: int) -> int:
+    """TensorFlow's StringToHashBucketFast of a string's UTF-8 bytes; '' is padding (-1)."""
+    return fingerprint64(data) % buckets if data else -1
 
 
 def _splitmix64(x: int) -> int:

@@ -8,6 +8,12 @@ shard, offset, size, masked crc32c); the empty key holds the `BundleHeaderProto`
 tensor's bytes are read from a memory mapping of its data shard: numeric tensors come back
 as read-only views of the mapping (no copy: a table's rows are copied once, into the
 engine), after their crc32c is checked.
+
+A partitioned variable (`tf.compat.v1.train.Saver` with save_slice_info) is one *sliced*
+tensor: its entry lists the slices (TensorSliceProto) and each slice has an entry of its
+own under the binary key TensorFlow's `EncodeTensorNameSlice` makes (OrderedCode: 0, the
+name, the rank, then start and length of each dimension, -1 meaning all of it). Reading
+one assembles its slices into a new array.
 """
 
 from __future__ import annotations
@@ -73,7 +79,12 @@ class BundleEntry:
     offset: int
     size: int
     crc32c: int
-    sliced: bool
+    # (start, length) per dimension of each slice, length -1 meaning the whole dimension.
+    slices: tuple[tuple[tuple[int, int], ...], ...] = ()
+
+    @property
+    def sliced(self) -> bool:
+        return bool(self.slices)
 
     @property
     def dtype_name(self) -> str:
@@ -92,7 +103,7 @@ class TensorBundle:
                 data = f.read()
         except OSError as exc:
             raise CorruptVersionError(f"{index}: cannot read the bundle index ({exc.strerror})") from exc
-        header, self.entries = _read_index(data, index)
+        header, self.entries, self._slice_entries = _read_index(data, index)
         self.num_shards = header.num_shards
         if header.endianness != pb.BundleHeaderProto.LITTLE:
             raise CorruptVersionError(f"{index}: a big-endian bundle; only little-endian ones are read")
@@ -117,11 +128,6 @@ class TensorBundle:
         return mapped
 
     def _bytes(self, entry: BundleEntry) -> memoryview:
-        if entry.sliced:
-            raise CorruptVersionError(
-                f"{self.prefix}: tensor {entry.name!r} is saved in slices (a partitioned Variable saved "
-                "with save_slice_info); recserve reads whole tensors only: save the variable unpartitioned, "
-                "or as an Embedding Variable with partitions (E/part_<k>)")
         if not 0 <= entry.shard < self.num_shards:
             raise CorruptVersionError(f"{self.prefix}: tensor {entry.name!r} names shard {entry.shard} "
                                       f"of {self.num_shards}")
@@ -142,6 +148,37 @@ class TensorBundle:
         entry = self.entries.get(name)
         if entry is None:
             raise CorruptVersionError(f"{self.prefix}: no tensor {name!r} in the bundle")
+        if entry.sliced:
+            return self._assemble(entry)
+        return self._read_entry(entry)
+
+    def _assemble(self, entry: BundleEntry) -> np.ndarray:
+        """A sliced tensor: every slice read and written into its place in a new array."""
+        dtype = _DTYPES.get(entry.dtype)
+        if dtype is None:
+            raise CorruptVersionError(f"{self.prefix}: sliced tensor {entry.name!r} has dtype {entry.dtype_name}; "
+                                      "recserve assembles numeric slices only")
+        out = np.zeros(entry.shape, dtype=dtype)
+        covered = 0
+        for extents in entry.slices:
+            key = slice_key(entry.name, extents)
+            part = self._slice_entries.get(key)
+            if part is None:
+                raise CorruptVersionError(f"{self.prefix}: tensor {entry.name!r} lists slice {list(extents)} "
+                                          "but the bundle has no entry for it")
+            region = tuple(slice(None) if length < 0 else slice(start, start + length) for start, length in extents)
+            shape = out[region].shape
+            piece = BundleEntry(f"{entry.name} slice {list(extents)}", part.dtype, shape, part.shard, part.offset,
+                                part.size, part.crc32c)
+            out[region] = self._read_entry(piece)
+            covered += int(np.prod(shape, dtype=np.int64))
+        if covered != out.size:
+            raise CorruptVersionError(f"{self.prefix}: the slices of tensor {entry.name!r} cover {covered} of its "
+                                      f"{out.size} values")
+        return out
+
+    def _read_entry(self, entry: BundleEntry) -> np.ndarray:
+        name = entry.name
         view = self._bytes(entry)
         count = int(np.prod(entry.shape, dtype=np.int64)) if entry.shape else 1
         if entry.dtype == _STRING:
@@ -243,7 +280,35 @@ def _handle(value: bytes, pos: int, where: str) -> tuple[int, int, int]:
     return offset, size, pos
 
 
-def _read_index(data: bytes, where: str) -> tuple[pb.BundleHeaderProto, dict[str, BundleEntry]]:
+def _ordered_unsigned(value: int) -> bytes:
+    """OrderedCode's WriteNumIncreasing: the byte count, then the big-endian bytes."""
+    raw = value.to_bytes((value.bit_length() + 7) // 8, "big") if value else b""
+    return bytes([len(raw)]) + raw
+
+
+def _ordered_signed(value: int) -> bytes:
+    """OrderedCode's WriteSignedNumIncreasing: `length` bytes of the sign-extended value
+    whose first bits (ones for >= 0, zeros below) say the length."""
+    x = ~value if value < 0 else value
+    length = (x.bit_length() + 7) // 7 if x >= 64 else 1
+    if length > 8:
+        raise CorruptVersionError(f"slice bound {value} is out of the range recserve encodes")
+    raw = bytearray((value & ((1 << (8 * length)) - 1)).to_bytes(length, "big"))
+    raw[0] ^= (0xFF00 >> length) & 0xFF if length < 8 else 0xFF
+    return bytes(raw)
+
+
+def slice_key(name: str, extents: tuple[tuple[int, int], ...]) -> bytes:
+    """TensorFlow's EncodeTensorNameSlice: the index key of one slice of tensor `name`."""
+    escaped = b"".join(b"\x00\xff" if b == 0 else b"\xff\x00" if b == 0xFF else bytes([b]) for b in name.encode())
+    key = _ordered_unsigned(0) + escaped + b"\x00\x01" + _ordered_unsigned(len(extents))
+    for start, length in extents:
+        key += _ordered_signed(start) + _ordered_signed(length)
+    return key
+
+
+def _read_index(data: bytes, where: str) -> tuple[pb.BundleHeaderProto, dict[str, BundleEntry],
+                                                  dict[bytes, BundleEntry]]:
     if len(data) < _FOOTER:
         raise CorruptVersionError(f"{where}: {len(data)} bytes, too short for a bundle index")
     footer = data[-_FOOTER:]
@@ -254,12 +319,16 @@ def _read_index(data: bytes, where: str) -> tuple[pb.BundleHeaderProto, dict[str
     index_offset, index_size, _ = _handle(footer, pos, where)
     header: pb.BundleHeaderProto | None = None
     entries: dict[str, BundleEntry] = {}
+    slices: dict[bytes, BundleEntry] = {}
     for _, handle in _entries(_block(data, index_offset, index_size, where), where):
         offset, size, _ = _handle(handle, 0, where)
         for key, value in _entries(_block(data, offset, size, where), where):
-            if key.startswith(b"\x00"):
-                continue  # a slice's own entry (binary key); the tensor's entry says it is sliced
             try:
+                if key.startswith(b"\x00"):  # a slice's own entry (binary key)
+                    proto = pb.BundleEntryProto.FromString(value)
+                    slices[key] = BundleEntry("", proto.dtype, (), proto.shard_id, proto.offset, proto.size,
+                                              proto.crc32c)
+                    continue
                 if key == b"":
                     header = pb.BundleHeaderProto.FromString(value)
                     continue
@@ -268,7 +337,11 @@ def _read_index(data: bytes, where: str) -> tuple[pb.BundleHeaderProto, dict[str
             except Exception as exc:
                 raise CorruptVersionError(f"{where}: an unreadable entry ({type(exc).__name__})") from exc
             entries[name] = BundleEntry(name, proto.dtype, tuple(d.size for d in proto.shape.dim), proto.shard_id,
-                                        proto.offset, proto.size, proto.crc32c, bool(proto.slices))
+                                        proto.offset, proto.size, proto.crc32c, _extents(proto))
     if header is None:
         raise CorruptVersionError(f"{where}: the bundle header (empty key) is missing")
-    return header, entries
+    return header, entries, slices
+
+
+def _extents(proto: pb.BundleEntryProto) -> tuple[tuple[tuple[int, int], ...], ...]:
+    return tuple(tuple((e.start, e.length if e.HasField("length") else -1) for e in s.extent) for s in proto.slices)

@@ -12,7 +12,9 @@ every tensor's crc32c is checked as it is read) and load as a `Checkpoint`:
   partitioned one is `E/part_<k>-...`, merged into one table E; `E-keys_filtered` and
   optimizer slots (`E/Adagrad`, `E/part_0/Adam`, ...: any other EV) are never read unless
   a table maps to them. Incremental bundles hold `E-sparse_incr_keys` / `-sparse_incr_values`.
-- every other float tensor is a dense variable, read only when an initializer maps to it.
+- every other float tensor is a dense variable, read only when an initializer maps to it;
+  a 2-D one is also a table keyed by row index (a plain or partitioned TF variable that a
+  converted SavedModel looks up, DESIGN §4c; its sliced form is assembled).
 Tables and dense values are read on first use (a `Mapping` over the bundle), so a bundle
 full of optimizer slots costs nothing it does not serve.
 """
@@ -208,7 +210,16 @@ def tf_tables_and_dense(storage: Storage, prefix: str, *, delta: bool) -> tuple[
 
     dense_names = [n for n, e in bundle.entries.items() if n not in ev_tensors and e.dtype in (1, 19)
                    and not n.endswith("-keys_filtered")]
-    return _LazyBundle(sorted(parts), read_ev), _LazyBundle(dense_names, bundle.read)
+    plain = [] if delta else [n for n in dense_names if bundle.entries[n].dtype == 1 and
+                              len(bundle.entries[n].shape) == 2 and n not in parts]
+
+    def read_table(name: str) -> TableData:
+        if name in parts:
+            return read_ev(name)
+        values = bundle.read(name)
+        return TableData(np.arange(len(values), dtype=np.int64), values, check_unique=False)
+
+    return _LazyBundle(sorted(parts) + sorted(plain), read_table), _LazyBundle(dense_names, bundle.read)
 
 
 class _ByInitializer(Mapping[str, object]):

@@ -24,7 +24,7 @@ __all__ = [
     "parse_keys",
 ]
 
-PROTOCOLS = ("eas-http", "eas-grpc", "kserve-http", "kserve-grpc", "tfserving")
+PROTOCOLS = ("eas-http", "eas-grpc", "kserve-http", "kserve-grpc", "tfserving", "tfserving-grpc")
 _MAX_POINTS = 4096
 
 

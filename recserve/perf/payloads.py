@@ -18,14 +18,17 @@ import numpy as np
 
 from recserve.wire.codec import encode_request
 from recserve.wire.kserve_datatypes import datatype_of
+from recserve.wire.tfserving_codec import encode_predict_request
 
 # recserve.proto.grpc_predict_v2_pb2 is imported where a gRPC KServe payload is built, not
 # here: its "inference" messages cannot share a process's protobuf pool with tritonclient.grpc's.
 
-__all__ = ["EAS_GRPC_METHOD", "KSERVE_GRPC_METHOD", "Payload", "build_payload", "request_path"]
+__all__ = ["EAS_GRPC_METHOD", "KSERVE_GRPC_METHOD", "TFSERVING_GRPC_METHOD", "Payload", "build_payload",
+           "request_path"]
 
 EAS_GRPC_METHOD = "/tensorflow.eas.PredictionService/Predict"
 KSERVE_GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+TFSERVING_GRPC_METHOD = "/tensorflow.serving.PredictionService/Predict"
 KSERVE_HEADER = "Inference-Header-Content-Length"
 
 
@@ -113,6 +116,8 @@ def build_payload(protocol: str, url: str, model: str, inputs: Mapping[str, np.n
         return Payload(encode_request(dict(inputs)), rows, EAS_GRPC_METHOD)
     if protocol == "kserve-grpc":
         return Payload(_kserve_grpc_message(inputs, model), rows, KSERVE_GRPC_METHOD)
+    if protocol == "tfserving-grpc":
+        return Payload(encode_predict_request(inputs, model), rows, TFSERVING_GRPC_METHOD)
     if protocol == "eas-http":
         body, headers = encode_request(dict(inputs)), {"Content-Type": "application/octet-stream"}
     elif protocol == "kserve-http":

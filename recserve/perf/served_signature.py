@@ -1,7 +1,8 @@
 """The inputs a deployment serves, asked of the deployment itself over the protocol under
 test: EAS's empty request (answered with the signature JSON), KServe v2 model metadata
 (HTTP or gRPC; also used for eas-grpc, which has no metadata call of its own), TF
-Serving's `/metadata`. Every answer becomes {input alias: TensorSpec}.
+Serving's `/metadata` and its gRPC GetModelMetadata. Every answer becomes {input alias:
+TensorSpec}.
 """
 
 from __future__ import annotations
@@ -115,6 +116,34 @@ def _grpc_metadata(target: str, model: str, timeout: float) -> dict[str, TensorS
     return _from_kserve([{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in response.inputs])
 
 
+def _tfserving_grpc_metadata(target: str, model: str, timeout: float) -> dict[str, TensorSpec]:
+    import grpc
+
+    from recserve.proto import tfserving_pb2 as tfs
+    from recserve.wire.tfserving_codec import numpy_of_dtype
+
+    request = tfs.GetModelMetadataRequest(model_spec=tfs.ModelSpec(name=model), metadata_field=["signature_def"])
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary("/tensorflow.serving.PredictionService/GetModelMetadata",
+                                   request_serializer=tfs.GetModelMetadataRequest.SerializeToString,
+                                   response_deserializer=tfs.GetModelMetadataResponse.FromString)
+        try:
+            response = call(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise RecserveError(f"gRPC GetModelMetadata({model!r}) at {target} failed: {exc.code().name}: "
+                                f"{exc.details()} (is the server up, and are --url, --protocol and --model right? "
+                                "Without TF Serving metadata, pass --requests FILE)") from None
+    defs = tfs.SignatureDefMap.FromString(response.metadata["signature_def"].value).signature_def
+    signature = defs["serving_default"] if "serving_default" in defs else next(iter(defs.values()))
+    out = {}
+    for alias, t in signature.inputs.items():
+        dtype = numpy_of_dtype(t.dtype)
+        if dtype is None:
+            _dtype(tfs.DataType.Name(t.dtype) if t.dtype in tfs.DataType.values() else str(t.dtype), alias)
+        out[alias] = TensorSpec(dtype, _shape(d.size for d in t.tensor_shape.dim))  # type: ignore[arg-type]
+    return out
+
+
 def fetch_signature(protocol: str, url: str, model: str, timeout: float = 10.0) -> dict[str, TensorSpec]:
     """The served request inputs, by alias. Raises RecserveError with one clear line when
     the target cannot be reached or does not speak `protocol`."""
@@ -126,6 +155,8 @@ def fetch_signature(protocol: str, url: str, model: str, timeout: float = 10.0) 
             return _from_kserve(_http("GET", f"{url}/v2/models/{name}", None, timeout)["inputs"])
         if protocol == "tfserving":
             return _from_tfserving(_http("GET", f"{url}/v1/models/{name}/metadata", None, timeout))
+        if protocol == "tfserving-grpc":
+            return _tfserving_grpc_metadata(url, model, timeout)
         return _grpc_metadata(url, model, timeout)
     except (KeyError, TypeError, ValueError, StopIteration, AttributeError) as exc:
         raise RecserveError(f"the signature {protocol} served at {url} has an unexpected shape ({exc!r}); "

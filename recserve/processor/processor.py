@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,12 +24,10 @@ from recserve.model_store.backends import copy_to_local, storage_for
 from recserve.model_store.backoff import Backoff
 from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.load_progress import LoadProgress
-from recserve.model_store.manifest import Manifest
 from recserve.model_store.memory_budget import available_memory
-from recserve.model_store.model_dir import load_model_dir
+from recserve.model_store.model_dir import graph_checkpoint, load_model_dir
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
-from recserve.model_store.versions import VersionRef
 from recserve.model_store.watcher import VersionWatcher
 from recserve.processor.manager import ServableManager
 from recserve.processor.servable import Servable
@@ -38,6 +36,10 @@ from recserve.runtime.placement import PlacedModel, place_embeddings
 from recserve.runtime.threads import apply_thread_environment
 from recserve.warmup import Warmup
 from recserve.wire import codec
+
+if TYPE_CHECKING:
+    from recserve.wire._codec_native import ParsedRequest
+    from recserve.wire.codec import DecodedRequest
 
 __all__ = ["Processor"]
 
@@ -78,9 +80,9 @@ class Processor:
         if self._storage.local_path(model_dir) is None:
             # ONNX Runtime opens model files by local path: copy a remote model dir once.
             self._model_copy = model_dir = copy_to_local(self._storage, model_dir)
-            self._model = load_model_dir(LocalStorage(), model_dir)
+            self._model = load_model_dir(LocalStorage(), model_dir, self.config.signature_name or None)
         else:
-            self._model = load_model_dir(self._storage, model_dir)
+            self._model = load_model_dir(self._storage, model_dir, self.config.signature_name or None)
         self._warmup = Warmup.from_config(self.config)
         self._placed: PlacedModel | None = None
         if self.config.enable_device_placement_optimization and not self._model.spec.embeddings:
@@ -91,9 +93,7 @@ class Processor:
                 log.warning("model %r: table %r stays in the graph: %s", self.model_name, table, why)
         if self.config.checkpoint_dir is None:
             # DESIGN §4: without checkpoint_dir the graph's own values serve; nothing updates.
-            servable = self._build(
-                Checkpoint(VersionRef("graph", self.config.savedmodel_dir, 0), Manifest("full", 0, {}), {}, {})
-            )
+            servable = self._build(graph_checkpoint(self._model, self.config.savedmodel_dir))
             self._warmup.run(servable)
             self._manager.swap(servable)
             return
@@ -129,7 +129,10 @@ class Processor:
 
     @property
     def model_dir(self) -> str:
-        """The local directory the graph is read from (savedmodel_dir, or its local copy)."""
+        """The local directory the graph is read from (savedmodel_dir, its local copy, or a
+        SavedModel's conversion)."""
+        if self._model.graph_bundle is not None or self._model.root not in ("", self.config.savedmodel_dir):
+            return self._model.root
         return self._model_copy or self.config.savedmodel_dir
 
     @property
@@ -175,6 +178,19 @@ class Processor:
                 log.exception("model %r: predict failed", self.model_name)
                 raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
 
+    def serve(self, parsed: ParsedRequest | None, decode: Callable[[], DecodedRequest],
+              trace: RequestTrace) -> dict[str, np.ndarray]:
+        """Outputs of a request another protocol parsed (Servable.serve); raises RecserveError."""
+        start = time.perf_counter_ns()
+        with self._manager.acquire() as servable:
+            try:
+                return servable.serve(parsed, decode, trace, start)
+            except RecserveError:
+                raise
+            except Exception as exc:
+                log.exception("model %r: serve failed", self.model_name)
+                raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
+
     def process(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
         """(200, PredictResponse bytes) or (status, UTF-8 message). Never raises."""
         trace = trace or RequestTrace()
@@ -194,6 +210,13 @@ class Processor:
     def signature_info(self, signature_name: str | None = None) -> dict[str, Any]:
         with self._manager.acquire() as servable:
             return servable.signature(signature_name).describe()
+
+    def signature_infos(self) -> dict[str, dict[str, Any]]:
+        """Every signature's `signature_info`, by name, the default signature first."""
+        with self._manager.acquire() as servable:
+            default = servable.default_signature
+            names = [default, *sorted(n for n in servable.signatures if n != default)]
+            return {name: servable.signatures[name].describe() for name in names}
 
     def model_info(self) -> dict[str, Any]:
         # Leased: a swap may retire this servable meanwhile, and its tables are freed

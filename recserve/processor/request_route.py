@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from recserve.embedding import string_keys_at
+from recserve.embedding import StringKeys
 from recserve.processor.signature import Signature
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class RequestRoute:
         layout: Any,
         bound: tuple[str, ...],
         dense: tuple[tuple[str, _Reader, np.dtype[Any] | None], ...],
-        strings: tuple[tuple[int, int], ...],
+        strings: tuple[tuple[int, int, StringKeys], ...],
         outputs: Sequence[tuple[str, str]],
         batch_size: int,
         folded: _FoldedFeed | None = None,
@@ -108,7 +108,7 @@ class RequestRoute:
         self._layout = layout          # the plan's packed layout of the bindings' ids
         self._bound = bound            # graph inputs the plan's outputs feed, in plan order
         self._dense = dense            # (graph input, reader, dtype to cast to or None)
-        self._strings = strings        # (first, stop) of string ids' (start, length) pairs to hash in place
+        self._strings = strings        # (first, stop, StringKeys) of string ids' (start, length) pairs to key in place
         self.output_keys = tuple(key for key, _ in outputs)
         self.output_names = [name for _, name in outputs]
         self.batch_size = batch_size
@@ -120,7 +120,7 @@ class RequestRoute:
         sig: Signature,
         plan: Any,
         dense: Sequence[tuple[str, str]],
-        bound: Sequence[tuple[str, str, bool]],
+        bound: Sequence[tuple[str, str, StringKeys | None]],
         parsed: ParsedRequest,
         arrays: Mapping[str, np.ndarray],
         outputs: Sequence[tuple[str, str]],
@@ -130,10 +130,10 @@ class RequestRoute:
         (so the layout is known valid); None when the layout cannot be served in place."""
         wire = {sig.alias(inp.name): inp for inp in parsed.recipe.inputs}
         spans, strings = [], []
-        for alias, _, is_string in bound:
+        for alias, _, keys in bound:
             inp, ids = wire[alias], arrays[alias]
-            if is_string:
-                strings.append((inp.slot, inp.slot + 2 * inp.count))   # each key over its own pair
+            if keys is not None:
+                strings.append((inp.slot, inp.slot + 2 * inp.count, keys))   # each key over its own pair
             elif not inp.int64_values:
                 return None
             spans.append((inp.slot, ids.shape))
@@ -159,7 +159,7 @@ class RequestRoute:
         )
 
     @staticmethod
-    def _fold(concat: InputConcat, sig: Signature, bound: Sequence[tuple[str, str, bool]],
+    def _fold(concat: InputConcat, sig: Signature, bound: Sequence[tuple[str, str, StringKeys | None]],
               arrays: Mapping[str, np.ndarray], dense: Mapping[str, tuple[np.ndarray, _Reader]],
               batch: int) -> _FoldedFeed | None:
         """`dense`: graph input -> (its request array, its reader)."""
@@ -190,8 +190,8 @@ class RequestRoute:
         """The graph's inputs for a request of this route's layout. Consumes `parsed`: string
         ids are overwritten by their keys."""
         values, data = parsed.values, parsed.data
-        for first, stop in self._strings:
-            string_keys_at(data, values[first:stop])
+        for first, stop, keys in self._strings:
+            keys.keys_at(data, values[first:stop])
         feeds = {
             name: read(values, data) if cast is None else read(values, data).astype(cast)
             for name, read, cast in self._dense

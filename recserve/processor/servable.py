@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from recserve.config import ProcessorConfig
-from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, string_keys, tier_spec
+from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, StringKeys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import CorruptVersionError, ModelLoadError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
@@ -246,7 +246,8 @@ class Servable:
         for name, sig in signatures.items():
             dense = tuple((a, spec.name) for a, spec in sig.inputs.items() if spec.binding is None)
             bindings = [(a, spec.binding) for a, spec in sig.inputs.items() if spec.binding is not None]
-            bound = tuple((a, b.graph_input, b.key_dtype == "string") for a, b in bindings)
+            bound = tuple((a, b.graph_input, StringKeys(b.buckets, b.vocabulary) if b.key_dtype == "string" else None)
+                          for a, b in bindings)
             pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
             plans[name] = (dense, bound, plan)
@@ -270,16 +271,32 @@ class Servable:
         native parser takes are served by their layout's route (in-process tables only)."""
         start = time.perf_counter_ns()
         parsed = codec.parse_request(data) if self.placed is None and self.redis is None else None
-        route = None if parsed is None else self.routes.get(parsed.layout) or self._route(parsed)
+        outputs = self.serve(parsed, lambda: codec.decode_request(data), trace, start)
+        start = time.perf_counter_ns()
+        response = codec.encode_response(outputs)
+        trace.add("encode", start)
+        return response
+
+    def serve(self, parsed: ParsedRequest | None, decode: Callable[[], codec.DecodedRequest], trace: RequestTrace,
+              start: int) -> dict[str, np.ndarray]:
+        """The outputs of a request parsed natively (`parsed`, consumed) or else decoded by
+        `decode`, by its layout's route when it has one; raises RecserveError. `start`: when
+        decoding began (perf_counter_ns), for the trace. Any protocol whose parser gives
+        ParsedRequests (EAS, TF Serving's gRPC) serves through here."""
+        route = None
+        if parsed is not None and self.placed is None and self.redis is None:
+            # Routes serve in-process tables only: otherwise the parsed arrays go the general way.
+            route = self.routes.get(parsed.layout) or self._route(parsed)
         if route is None:
             # Parsed but not routable: its arrays, not a second parse.
-            request = codec.decode_request(data) if parsed is None else codec.DecodedRequest(
+            request = decode() if parsed is None else codec.DecodedRequest(
                 parsed.recipe.signature_name, parsed.inputs(), parsed.recipe.output_filter)
             trace.add("decode", start)
             outputs = self.predict(
                 request.inputs, request.output_filter, signature_name=request.signature_name or None, trace=trace
             )
         else:
+            assert parsed is not None   # a route is only ever found for a parsed request
             trace.add("decode", start)
             trace.batch_size = route.batch_size
             trace.model_version = self.version
@@ -290,10 +307,7 @@ class Servable:
             start = time.perf_counter_ns()
             outputs = dict(zip(route.output_keys, self.sessions.run(route.output_names, feeds, trace=trace)))
             trace.add("run", start)
-        start = time.perf_counter_ns()
-        response = codec.encode_response(outputs)
-        trace.add("encode", start)
-        return response
+        return outputs
 
     _MAX_ROUTES = 1024
 
@@ -353,8 +367,7 @@ class Servable:
         dense, bound, plan = self.plans[sig.name]
         feeds = {name: arrays[alias] for alias, name in dense}
         ids_list = [
-            string_keys(arrays[alias].ravel()).reshape(arrays[alias].shape) if is_string else arrays[alias]
-            for alias, _, is_string in bound
+            arrays[alias] if keys is None else keys.keys(arrays[alias]) for alias, _, keys in bound
         ]
         for (_, graph_input, _), out in zip(bound, plan.run(ids_list)):
             feeds[graph_input] = out

@@ -8,14 +8,26 @@ process-wide ones), its own CPU group, its own device and stream; a request is s
 the session `select_session_policy` picks, or, with dynamic batching on, merged with
 other requests by `recserve.processor.batching`. Thread-safe: `run` may be called from
 many threads; `close` once, after the last `run`.
+
+The sessions are ONNX Runtime C API sessions (`recserve.runtime.native_runner`): runs
+release the GIL from start to end and native code (the request route) can call the same
+sessions without Python. The Python binding's `InferenceSession`s are used instead -- never
+both, so the weights are never held twice -- when RECSERVE_NATIVE_DENSE=0, when a graph
+input or output is a string (the C runner feeds and returns numeric tensors only), and
+when a model asks for ONNX Runtime's global thread pools after this process's C API env
+was created without them (the env is one per process and gets its pools at creation), and
+when a shared initializer has a dtype the C runner cannot wrap (bfloat16, complex).
+Traced requests that want an ONNX Runtime profile always run on a fresh Python session.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,16 +39,20 @@ from recserve.errors import ConfigError, InternalError, ModelLoadError, RequestE
 from recserve.processor.batching import DynamicBatcher
 from recserve.processor.signature import GraphTensor
 from recserve.processor.trace import RequestTrace
+from recserve.runtime import native_runner
 from recserve.runtime.cpus import check_cpusets, pin_calling_thread
 from recserve.runtime.cuda_streams import CudaStreams
 from recserve.runtime.input_concat import InputConcat, fold_input_concat
-from recserve.runtime.providers import DeviceSettings, check_providers, provider_list
-from recserve.runtime.session_options import ThreadSettings, build_session_options
+from recserve.runtime.native_runner import NativeRunner
+from recserve.runtime.providers import DeviceSettings, ProviderList, check_providers, provider_list
+from recserve.runtime.session_options import ThreadSettings, build_session_options, session_option_values
 from recserve.runtime.session_policy import SessionPolicy
 from recserve.runtime.shared_weights import SharedInitializers
 from recserve.runtime.threads import global_thread_pools, use_global_thread_pools
 
 __all__ = ["PREPACK_AUTO_MAX_BYTES", "SessionGroup", "device_settings", "prepacks", "thread_settings"]
+
+log = logging.getLogger("recserve.processor")
 
 _MAX_REMEMBERED_THREADS = 4096
 _EPFail = ort.capi.onnxruntime_pybind11_state.EPFail
@@ -125,15 +141,59 @@ def _check_batchable(tensors: Sequence[GraphTensor], what: str) -> None:
             )
 
 
-def _uses_own_pools(config: ProcessorConfig) -> bool:
+def _native_types(model: onnx.ModelProto) -> bool:
+    """Whether every graph input and output is a tensor the C API runner can carry."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    for value in [*(i for i in graph.input if i.name not in initializers), *graph.output]:
+        elem_type = value.type.tensor_type.elem_type
+        if not value.type.HasField("tensor_type") or elem_type == onnx.TensorProto.STRING:
+            return False
+        try:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+        except (KeyError, ValueError):
+            return False
+        if not native_runner.native_dtype(dtype):
+            return False
+    return True
+
+
+def _wants_global_pools(config: ProcessorConfig) -> bool:
+    return not config.use_per_session_threads and config.ort_global_thread_pools and not config.enable_inline_execute
+
+
+def _native_env(config: ProcessorConfig, model: onnx.ModelProto) -> bool:
+    """Whether this group runs on the C API runner; creates the process's C API env if it
+    does. RECSERVE_NATIVE_DENSE=0 turns the C API runner off."""
+    if os.environ.get("RECSERVE_NATIVE_DENSE", "1") == "0" or not _native_types(model):
+        return False
+    pools = None
+    if _wants_global_pools(config):
+        pools = (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads, config.allow_spinning)
+    try:
+        native_runner.onnxruntime_library()
+    except ModelLoadError as exc:  # an onnxruntime package without its C library
+        log.warning("serving on Python ONNX Runtime sessions: %s", exc)
+        return False
+    try:
+        native_runner.use_env(pools)
+    except ModelLoadError as exc:  # the env exists without the global pools this model wants
+        log.info("serving on Python ONNX Runtime sessions: %s", exc)
+        return False
+    return True
+
+
+def _uses_own_pools(config: ProcessorConfig, native: bool = False) -> bool:
     """Whether the sessions get their own pools; creates the global pools when they do not.
 
     ONNX Runtime's global pools are opt-in (use_per_session_threads false *and*
     ort_global_thread_pools true): once they exist, ONNX Runtime refuses a session with
     its own pools anywhere in the process, other models' and helper sessions included."""
     existing = global_thread_pools()
-    if not config.use_per_session_threads and config.ort_global_thread_pools and not config.enable_inline_execute:
-        use_global_thread_pools(config.intra_op_parallelism_threads, config.inter_op_parallelism_threads)
+    if _wants_global_pools(config):
+        use_global_thread_pools(
+            config.intra_op_parallelism_threads, config.inter_op_parallelism_threads, python_binding=not native
+        )
         return False
     if existing is not None:
         raise ConfigError(
@@ -160,44 +220,46 @@ class SessionGroup:
         self._cpusets = config.cpusets
         if self._cpusets:
             check_cpusets(self._cpusets)
-        per_session_threads = _uses_own_pools(config)
+        graph, self.concat, written_inputs = _with_inputs_folded(model_path)
         # ORT keeps pointers to the shared buffers and streams: they live as long as the group.
         self._shared = SharedInitializers(model_path, dense_overrides, partial=partial_dense)
+        shared_native = all(native_runner.native_dtype(a.dtype) for a in self._shared.arrays.values())
+        native = shared_native and _native_env(config, graph)
+        per_session_threads = _uses_own_pools(config, native)
         self.dense_overrides = self._shared.overridden
         self.prepacking = prepacks(config, self._shared.nbytes)
         self._streams = CudaStreams()
         self._sessions: list[ort.InferenceSession] = []
         self._direct_runs: list[Any] = []
+        self._native: NativeRunner | None = None
+        self._count = 0
+        self._configs: list[dict[str, str]] = []
         self._pinned: dict[int, int] = {}
         self._pin_lock = threading.Lock()
         self._batcher: DynamicBatcher | None = None
-        graph, self.concat, written_inputs = _with_inputs_folded(model_path)
         self._source: str | bytes = model_path if self.concat is None else graph.SerializeToString()
         shapes = _input_shapes(graph)
         del graph
         self._profile_settings: tuple[ThreadSettings, bool, list[Any]] | None = None
         try:
+            if native:
+                self._native = NativeRunner(policy=config.select_session_policy, initializers=self._shared.arrays)
             for index in range(count):
                 device = device_settings(config, index)
                 if config.use_multi_stream and device.provider != "cpu":
                     device = device_settings(config, index, self._streams.create(device.device_id))
                 providers = provider_list(device, shapes)
                 threads = thread_settings(config, index, per_session_threads=per_session_threads)
-                options = build_session_options(threads, prepacking=self.prepacking)
-                self._shared.add_to(options)
-                try:
-                    session = ort.InferenceSession(self._source, options, providers=providers)
-                except Exception as exc:  # onnxruntime raises its own exception types
-                    raise ModelLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
-                check_providers(
-                    session, providers, allow_cpu_fallback=config.allow_cpu_fallback,
-                    where=f"session {index} of {model_path}",
-                )
-                self._sessions.append(session)
-                self._direct_runs.append(getattr(session, "_sess", session).run)
+                where = f"session {index} of {model_path}"
+                self._configs.append(dict(session_option_values(threads, prepacking=self.prepacking).config))
+                if self._native is not None:
+                    self._add_native(model_path, threads, providers, config, where)
+                else:
+                    self._add_python(model_path, threads, providers, config, where)
+                self._count += 1
                 if self._profile_settings is None:
                     self._profile_settings = (threads, self.prepacking, providers)
-            first = self._sessions[0]
+            first: Any = self._native if self._native is not None else self._sessions[0]
             by_name = {a.name: a for a in first.get_inputs()}
             # What requests feed: the graph's inputs as written, whatever the sessions fold.
             self.inputs = [
@@ -220,17 +282,56 @@ class SessionGroup:
             self.close()
             raise
 
+    def _add_python(
+        self, model_path: str, threads: ThreadSettings, providers: ProviderList, config: ProcessorConfig, where: str
+    ) -> None:
+        options = build_session_options(threads, prepacking=self.prepacking)
+        self._shared.add_to(options)
+        try:
+            session = ort.InferenceSession(self._source, options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
+        check_providers(session, providers, allow_cpu_fallback=config.allow_cpu_fallback, where=where)
+        self._sessions.append(session)
+        self._direct_runs.append(getattr(session, "_sess", session).run)
+
+    def _add_native(
+        self, model_path: str, threads: ThreadSettings, providers: ProviderList, config: ProcessorConfig, where: str
+    ) -> None:
+        assert self._native is not None
+        values = session_option_values(threads, prepacking=self.prepacking)
+        self._native.add_session(self._source, values, providers, cpus=threads.cpus, where=model_path)
+        got, refused = self._native.providers(self._count)
+        if refused:
+            log.warning("%s: onnxruntime refused %s", where, refused.replace("\n", "; "))
+        check_providers(
+            SimpleNamespace(get_providers=lambda: got), providers,
+            allow_cpu_fallback=config.allow_cpu_fallback, where=where,
+        )
+
+    @property
+    def native_runner(self) -> NativeRunner | None:
+        """The C API runner, for native callers (its handle and seam function); None when
+        this group runs on Python sessions (see the module docstring for when)."""
+        return self._native
+
     @property
     def session_count(self) -> int:
-        return len(self._sessions)
+        return self._count
 
     @property
     def shared_weight_names(self) -> list[str]:
         """Initializers every session reads from one shared buffer."""
         return self._shared.names
 
+    def session_config(self, index: int) -> dict[str, str]:
+        """The session config entries session `index` was created with."""
+        return dict(self._configs[index])
+
     def providers(self, index: int) -> list[str]:
         """The providers session `index` really runs with."""
+        if self._native is not None:
+            return self._native.providers(index)[0]
         return list(self._sessions[index].get_providers())
 
     def run(
@@ -281,6 +382,8 @@ class SessionGroup:
     def _run_on(self, index: int, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         names = output_names if type(output_names) is list else list(output_names)
         feed = self._feed(feeds)
+        if self._native is not None:
+            return self._native.run_on(index, feed, names)  # raises RequestError / InternalError itself
         try:
             try:
                 # The pybind session's run: InferenceSession.run is this call after checks the
@@ -322,4 +425,8 @@ class SessionGroup:
             self._batcher = None
         self._sessions.clear()
         self._direct_runs.clear()
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+        self._count = 0
         self._streams.close()

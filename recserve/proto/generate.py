@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,9 +36,12 @@ def _protoc(args: list[str]) -> None:
     from grpc_tools import protoc  # test/dev dependency only: serving never regenerates
 
     include = Path(protoc.__file__).resolve().parent / "_proto"  # google/protobuf/*.proto
-    status = protoc.main(["grpc_tools.protoc", f"-I{include}", *args])
-    if status != 0:
-        raise RuntimeError(f"protoc failed (exit {status}) for: {' '.join(args)}")
+    # In a process of its own: protoc's C++ in a process that has loaded TensorFlow (which
+    # carries its own protobuf C++) crashes.
+    done = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{include}", *args], check=False,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"protoc failed (exit {done.returncode}) for: {' '.join(args)}: {done.stderr.strip()}")
 
 
 def _files_with_services(sources: list[str], proto_dir: Path, scratch: Path) -> list[str]:

@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from recserve.runtime.cpus import intra_op_affinities
 
-__all__ = ["ThreadSettings", "build_session_options"]
+__all__ = ["SessionOptionValues", "ThreadSettings", "build_session_options", "session_option_values"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,32 +39,52 @@ class ThreadSettings:
     cpus: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionOptionValues:
+    """What one session is told, for either binding: the Python `SessionOptions` here and
+    the C API in recserve.runtime.native_runner. None: ONNX Runtime's default."""
+
+    intra: int | None = None
+    inter: int | None = None
+    parallel: bool = False
+    per_session_threads: bool = True
+    log_severity: int = 3
+    config: tuple[tuple[str, str], ...] = ()
+
+
+def session_option_values(
+    threads: ThreadSettings, *, prepacking: bool = False, log_severity: int = 3
+) -> SessionOptionValues:
+    config: list[tuple[str, str]] = []
+    if not prepacking:
+        config.append(("session.disable_prepacking", "1"))
+    if threads.inline:
+        return SessionOptionValues(intra=1, inter=1, log_severity=log_severity, config=tuple(config))
+    if not threads.per_session_threads:
+        return SessionOptionValues(per_session_threads=False, log_severity=log_severity, config=tuple(config))
+    intra = threads.intra or len(threads.cpus)
+    spin = "1" if threads.spinning else "0"
+    config += [("session.intra_op.allow_spinning", spin), ("session.inter_op.allow_spinning", spin)]
+    if threads.cpus and intra > 1:
+        config.append(("session.intra_op_thread_affinities", intra_op_affinities(threads.cpus, intra)))
+    return SessionOptionValues(
+        intra=intra, inter=threads.inter, parallel=threads.inter > 1, log_severity=log_severity, config=tuple(config)
+    )
+
+
 def build_session_options(
     threads: ThreadSettings, *, prepacking: bool = False, log_severity: int = 3
 ) -> ort.SessionOptions:
+    values = session_option_values(threads, prepacking=prepacking, log_severity=log_severity)
     options = ort.SessionOptions()
-    options.log_severity_level = log_severity
-    if not prepacking:
-        options.add_session_config_entry("session.disable_prepacking", "1")
-    if threads.inline:
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        return options
-    if not threads.per_session_threads:
+    options.log_severity_level = values.log_severity
+    if not values.per_session_threads:
         options.use_per_session_threads = False
-        return options
-    intra = threads.intra or len(threads.cpus)
-    options.intra_op_num_threads = intra
-    options.inter_op_num_threads = threads.inter
-    if threads.inter > 1:
-        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-    spin = "1" if threads.spinning else "0"
-    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    if threads.cpus and intra > 1:
-        options.add_session_config_entry(
-            "session.intra_op_thread_affinities", intra_op_affinities(threads.cpus, intra)
-        )
+    if values.intra is not None:
+        options.intra_op_num_threads = values.intra
+    if values.inter is not None:
+        options.inter_op_num_threads = values.inter
+    options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if values.parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    for key, value in values.config:
+        options.add_session_config_entry(key, value)
     return options
-

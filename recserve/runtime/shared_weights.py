@@ -59,17 +59,24 @@ class SharedInitializers:
                 continue
             self._arrays[name] = value
         del model
-        self._values = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in self._arrays.items()}
+        self._values: dict[str, ort.OrtValue] | None = None  # the Python binding's views, made on first use
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The shared buffers by initializer name (the C API runner wraps these same buffers)."""
+        return dict(self._arrays)
 
     @property
     def names(self) -> list[str]:
-        return sorted(self._values)
+        return sorted(self._arrays)
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._arrays.values())
 
     def add_to(self, options: ort.SessionOptions) -> None:
+        if self._values is None:
+            self._values = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in self._arrays.items()}
         for name, value in self._values.items():
             options.add_initializer(name, value)
 

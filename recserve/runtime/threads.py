@@ -64,14 +64,17 @@ def global_thread_pools() -> tuple[int, int] | None:
     return _global_pools
 
 
-def use_global_thread_pools(intra: int, inter: int) -> None:
+def use_global_thread_pools(intra: int, inter: int, *, python_binding: bool = True) -> None:
     """Create ONNX Runtime's process-wide pools (0 = ONNX Runtime's default size) unless
-    they exist; if an earlier model created them with other sizes, those stay."""
+    they exist; if an earlier model created them with other sizes, those stay.
+    python_binding false: the C API's env made them (recserve.runtime.native_runner); only
+    record them, so the Python binding starts no pool threads that nothing would use."""
     global _global_pools
     with _lock:
         if _global_pools is None:
             try:
-                ort.set_global_thread_pool_sizes(intra, inter)
+                if python_binding:
+                    ort.set_global_thread_pool_sizes(intra, inter)
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise ConfigError(
                     f"use_per_session_threads false needs ONNX Runtime's global thread pools, which "

@@ -42,6 +42,13 @@ def _perf(args: argparse.Namespace) -> int:
     return run_perf(options_from_args(args))
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from recserve.convert import run_conversion
+
+    print(run_conversion(args.savedmodel_dir, args.out_dir, args.signature, args.check), end="")
+    return 0
+
+
 def _lib_path(args: argparse.Namespace) -> int:
     from recserve.processor.cabi import library_path
 
@@ -67,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     serve = sub.add_parser("serve", help="serve the models of a DeepRec/EAS JSON config over HTTP and gRPC")
     serve.add_argument("--config", required=True, help="path of the JSON config")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default=os.environ.get("RECSERVE_HOST", "127.0.0.1"),
+                       help="address to listen on (default 127.0.0.1; env RECSERVE_HOST: the image sets 0.0.0.0)")
     serve.add_argument("--http-port", type=int, default=8080)
     serve.add_argument("--grpc-port", type=int, default=8500)
     serve.add_argument("--workers", default=os.environ.get("RECSERVE_WORKERS", "1"),
@@ -80,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
 
     add_perf_arguments(perf)
     perf.set_defaults(run=_perf)
+
+    convert = sub.add_parser("convert", help="convert a TensorFlow SavedModel into a recserve model dir that "
+                                            "serves without TensorFlow (needs recserve[tensorflow] here)")
+    convert.add_argument("savedmodel_dir", help="the SavedModel (saved_model.pb + variables/)")
+    convert.add_argument("out_dir", help="the model dir to write (must not exist)")
+    convert.add_argument("--signature", default=None, help="the signature to serve (default: serving_default, or "
+                                                           "the only one)")
+    convert.add_argument("--check", type=int, default=0, metavar="N",
+                         help="run TensorFlow and recserve on N synthesized requests; refuse above 1e-5")
+    convert.set_defaults(run=_convert)
 
     lib = sub.add_parser("lib-path", help="print the absolute path of libserving_processor.so")
     lib.set_defaults(run=_lib_path)
@@ -95,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args))
     except RecserveError as exc:
         print(f"recserve: {exc.message}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise
+        print(f"recserve: {exc}", file=sys.stderr)  # names the extra to install (recserve.runtime)
         return 2
 
 

@@ -1,5 +1,6 @@
 """The gRPC server: tensorflow.eas PredictionService, KServe v2
-inference.GRPCInferenceService, and grpc.health.v1.
+inference.GRPCInferenceService, TF Serving's PredictionService and ModelService
+(recserve.server.tfserving_grpc), and grpc.health.v1.
 
 Predict takes and returns raw bytes (no protobuf round trip in Python: the bytes go to
 `Processor.process` as the C ABI's do). ModelInfer decodes raw or typed input contents
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from concurrent import futures
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -27,26 +28,15 @@ from recserve.proto import grpc_predict_v2_pb2_grpc as v2_grpc
 from recserve.server import kserve
 from recserve.server.context import ServerContext, check_version
 from recserve.server.dispatch import Outcome
-from recserve.server.errors import grpc_code
+from recserve.server.grpc_common import abort, check_deadline
 from recserve.server.registry import ModelEntry
+from recserve.server.tfserving_grpc import MODEL_SERVICE, PREDICTION_SERVICE, TfServingServices
 
 __all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "build_grpc_server"]
 
 EAS_SERVICE = "tensorflow.eas.PredictionService"
 KSERVE_SERVICE = "inference.GRPCInferenceService"
 MODEL_METADATA_KEY = "model"
-
-
-def _abort(context: grpc.ServicerContext, status: int, message: Any) -> NoReturn:
-    context.abort(grpc_code(status), str(message))
-    raise AssertionError("grpc.ServicerContext.abort returned")  # it always raises
-
-
-def _check_deadline(context: grpc.ServicerContext) -> None:
-    """A call whose deadline passed while it waited for its turn is dropped, not run."""
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
-        raise RecserveError("the call's deadline passed before its turn came; it was not run", status=504)
 
 
 def _metadata_model(context: grpc.ServicerContext) -> str | None:
@@ -75,7 +65,7 @@ class EasPredictionService:
 
     def predict(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
-            _check_deadline(context)
+            check_deadline(context)
             if not request:  # an empty PredictRequest: process() would answer the signature JSON
                 raise RequestError("PredictRequest has no inputs; the signature is: "
                                    + json.dumps(processor.signature_info()))
@@ -87,7 +77,7 @@ class EasPredictionService:
 
         status, result = self._ctx.dispatcher.call("eas_grpc", lambda: self._find(context), handle)
         if status != 200:
-            _abort(context, status, result)
+            abort(context, status, result)
         return bytes(result)
 
     def model_info(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -96,7 +86,7 @@ class EasPredictionService:
             with entry.lease() as processor:
                 return processor.model_info_bytes()
         except RecserveError as exc:
-            _abort(context, exc.status, exc.message)
+            abort(context, exc.status, exc.message)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(EAS_SERVICE, {
@@ -120,7 +110,7 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
     def _entry(self, name: str, context: grpc.ServicerContext) -> ModelEntry:
         entry = self._ctx.models.entries.get(name)
         if entry is None:
-            _abort(context, 404, f"unknown model {name!r}; this server serves {self._ctx.models.names()}")
+            abort(context, 404, f"unknown model {name!r}; this server serves {self._ctx.models.names()}")
         return entry
 
     def ModelReady(self, request: v2.ModelReadyRequest, context: grpc.ServicerContext) -> v2.ModelReadyResponse:
@@ -145,7 +135,7 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
                 sig = processor.signature_info()
                 version = str(processor.model_info()["version"])
         except RecserveError as exc:
-            _abort(context, exc.status, exc.message)
+            abort(context, exc.status, exc.message)
         response = v2.ModelMetadataResponse(name=entry.name, versions=[version], platform="onnxruntime_onnx")
         for tensors, target in ((sig["inputs"], response.inputs), (sig["outputs"], response.outputs)):
             for t in kserve.tensor_metadata(tensors):
@@ -154,7 +144,7 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: v2.ModelInferRequest, context: grpc.ServicerContext) -> v2.ModelInferResponse:
         def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
-            _check_deadline(context)
+            check_deadline(context)
             check_version(entry, processor, request.model_version)
             with trace.span("decode"):
                 call = kserve.decode_grpc_request(request)
@@ -166,13 +156,13 @@ class KServeService(v2_grpc.GRPCInferenceServiceServicer):
         status, result = self._ctx.dispatcher.call(
             "kserve_grpc", lambda: self._ctx.models.get(request.model_name), handle)
         if status != 200:
-            _abort(context, status, result)
+            abort(context, status, result)
         return result  # type: ignore[no-any-return]
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
     """grpc.health.v1: Check, and Watch streaming every change. Statuses are computed at each
-    look: "" and the two service names mean every model; a model's name means that model."""
+    look: "" and the service names mean every model; a model's name means that model."""
 
     # How often a Watch looks again; shutdown wakes it at once.
     WATCH_POLL_SECONDS = 0.2
@@ -183,7 +173,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def _status(self, service: str) -> Any:
         """The service's status, or None when there is no such service."""
         models = self._ctx.models
-        if service in ("", EAS_SERVICE, KSERVE_SERVICE):
+        if service in ("", EAS_SERVICE, KSERVE_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE):
             ready = models.ready
         elif service in models.entries:
             ready = models.entries[service].ready and not models.draining
@@ -194,7 +184,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
         status = self._status(request.service)
         if status is None:
-            _abort(context, 404, f"unknown service {request.service!r}")
+            abort(context, 404, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Iterator[Any]:
@@ -239,7 +229,7 @@ def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int,
             ("grpc.so_reuseport", int(reuse_port)),
         ],
     )
-    server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(),))
+    server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(), *TfServingServices(ctx).handlers()))
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(ctx), server)  # type: ignore[no-untyped-call]
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(ctx), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -15,6 +15,12 @@ headers arrive: its body gathers here and the fast lane answers it as the last b
 the answer written straight to the transport (or, when the fast lane declines, the task
 starts then, and the app reads the body already gathered).
 
+Shutdown (`shutdown()`, which uvicorn calls on every connection once the listener is
+closed): a request in flight is answered with `Connection: close`, as uvicorn does; an idle
+keep-alive connection is not closed at once, as uvicorn would (a request its client sends
+at that moment would be lost unanswered), but stays open until it has been idle for
+`DRAIN_IDLE_SECONDS`, and a request arriving meanwhile is answered with `Connection: close`.
+
 Event-loop only, like uvicorn's protocol it extends.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +38,13 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from recserve.server.http_common import RECEIVED_KEY
 from recserve.server.http_fast_lane import FastLane
 
-__all__ = ["ConnectionLimits", "guarded_protocol"]
+__all__ = ["DRAIN_IDLE_SECONDS", "ConnectionLimits", "guarded_protocol"]
+
+# How long an idle connection stays open once shutdown began: longer than a client's gap
+# between a response and its next request on the connection, or between connecting and
+# sending (a connection accepted from the queue at shutdown), short enough not to hold
+# the exit.
+DRAIN_IDLE_SECONDS = 1.0
 
 
 class IoBatchClock:
@@ -66,8 +79,11 @@ class ConnectionLimits:
 
 
 def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Counter,
-                     fast_lane: FastLane | None = None) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol class bound to `limits`, the two counters and `fast_lane`."""
+                     fast_lane: FastLane | None = None,
+                     draining: Callable[[], bool] = lambda: False) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class bound to `limits`, the two counters and `fast_lane`;
+    `draining()` true once shutdown began (from the signal on, before uvicorn's shutdown
+    reaches the connections): every request then is answered with `Connection: close`."""
     header_timeouts, body_timeouts = timeouts.labels("header"), timeouts.labels("body")
     clock = IoBatchClock()
 
@@ -76,6 +92,9 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
         _in_headers = False
         _held: RequestResponseCycle | None = None  # a request the fast lane took, body gathering
         _batch = 0.0  # IoBatchClock.mark() of the read being parsed
+        _in_message = False  # a request's first byte arrived, its last not yet
+        _draining = False
+        _drain_timer: asyncio.TimerHandle | None = None
 
         def data_received(self, data: bytes) -> None:
             self._batch = clock.mark(self.loop)
@@ -91,6 +110,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
             if self._held is not None and fast_lane is not None:
                 fast_lane.gone(self._held.scope["path"])
             self._held = None
@@ -100,6 +121,10 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             # A request pipelined behind one the fast lane answered within the same read:
             # the keep-alive timer that answer armed must not run during this one.
             self._unset_keepalive_if_required()
+            self._in_message = True
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
+                self._drain_timer = None
             super().on_message_begin()
             self._arm(limits.header_seconds, header_timeouts)
 
@@ -110,6 +135,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
                 super().on_headers_complete()
             finally:
                 self._in_headers = False
+            if self.cycle is not None and (self._draining or draining()):
+                self.cycle.keep_alive = False  # answered with `Connection: close`
             if self.cycle is not None and self.cycle.more_body:
                 self._arm(limits.body_seconds, body_timeouts)
 
@@ -122,6 +149,7 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
 
         def on_message_complete(self) -> None:
             self._disarm()
+            self._in_message = False
             if self.cycle is not None:
                 # Admission counts a request's wait from here (http_common.received_at).
                 self.cycle.scope[RECEIVED_KEY] = self._batch  # type: ignore[literal-required]
@@ -146,6 +174,18 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             if cycle.keep_alive:
                 self.on_response_complete()
             else:
+                self.transport.close()
+
+        def shutdown(self) -> None:
+            self._draining = True
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.keep_alive = False
+            elif not self._in_message and self._drain_timer is None:
+                self._drain_timer = self.loop.call_later(DRAIN_IDLE_SECONDS, self._close_if_idle)
+
+        def _close_if_idle(self) -> None:
+            self._drain_timer = None
+            if not self._in_message and (self.cycle is None or self.cycle.response_complete):
                 self.transport.close()
 
         def _arm(self, seconds: float, counter: Any) -> None:

@@ -3,9 +3,12 @@ HTTP and gRPC.
 
 Startup: bind both ports (a taken port fails here, before any model
 loads), then load the models on background threads (a pool's worker: load, then bind), so the server is live at once and
-ready when every model is loaded. SIGTERM or SIGINT: readiness turns false, both
-servers stop accepting, requests already accepted finish (up to `GRACE_SECONDS`), then
-the processors close.
+ready when every model is loaded. SIGTERM or SIGINT: readiness turns false (HTTP
+/v2/health/ready 503, gRPC health NOT_SERVING), both servers stop accepting (HTTP: the
+connections already in the kernel's accept queue are accepted and served, then the port is
+closed, so later ones are refused rather than reset), requests already accepted finish
+with `Connection: close` (up to `GRACE_SECONDS`; idle keep-alive connections close after
+http_protocol.DRAIN_IDLE_SECONDS), then the processors close.
 """
 
 from __future__ import annotations
@@ -70,6 +73,19 @@ class _Uvicorn(uvicorn.Server):
         loop = asyncio.get_running_loop()
         self.servers = [GreedyListener(sock, create_protocol, loop) for sock in sockets or []]  # type: ignore[misc]
 
+    def stop_listening(self) -> None:
+        """Close the listeners now (at the signal, not at uvicorn's next 0.1 s tick)."""
+        for server in self.servers:
+            server.close()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # The connections the listeners accepted from their queues while closing get their
+        # transports first, so uvicorn's shutdown asks them to finish too.
+        self.stop_listening()
+        for server in self.servers:
+            await server.wait_closed()
+        await super().shutdown(sockets=sockets)
+
 
 def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -121,7 +137,8 @@ def run_server(
     http_server = _Uvicorn(uvicorn.Config(
         build_app(ctx), log_level="warning", access_log=False, lifespan="off",
         timeout_graceful_shutdown=int(GRACE_SECONDS), timeout_keep_alive=settings.keepalive_s,  # type: ignore[arg-type]
-        http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused, FastLane(ctx)),
+        http=guarded_protocol(limits, metrics.http_timeouts, metrics.connections_refused, FastLane(ctx),
+                              lambda: models.draining),
     ))
     if not listen_when_ready:
         models.start()
@@ -151,7 +168,8 @@ async def _run(
         if models.draining:
             return
         log.info("shutting down: finishing requests in flight (up to %.0f s)", GRACE_SECONDS)
-        models.start_draining()
+        models.start_draining()  # readiness first: not ready before the port closes
+        http_server.stop_listening()
         http_server.should_exit = True
         # grpc's stop() refuses new RPCs at once and returns an event set when the
         # accepted ones have finished (or the grace ran out).

@@ -39,13 +39,18 @@ def _load() -> ctypes.CDLL:
             f"recserve's codec library is missing or broken ({exc}); build it with "
             "`python setup.py build_ext --inplace`, or set RECSERVE_PURE_PYTHON=1"
         ) from exc
-    lib.rs_decode_request.restype = ctypes.c_int64
-    lib.rs_decode_request.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                      ctypes.c_void_p, ctypes.c_int64]
+    for fn in (lib.rs_decode_request, lib.rs_decode_tfs_request):
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 
-_decode_request = _load().rs_decode_request
+_lib = _load()
+_decode_request = _lib.rs_decode_request
+_decode_tfs_request = _lib.rs_decode_tfs_request
+_VALUES_FULL = 2   # RS_CODEC_VALUES_FULL: only a TF Serving request whose values repeat to fill
+TFS_MAX_FILL = 1 << 20   # RS_CODEC_TFS_MAX_FILL
 _char_at = ctypes.c_char.from_buffer
 
 
@@ -152,26 +157,34 @@ def _string_step(first: WireInput) -> _Step:
     return step
 
 
-def _recipe(layout: bytes) -> Recipe:
-    at = 0
+class _LayoutReader:
+    """Reads a layout's varints and texts from `at` on. Used by one thread."""
 
-    def number() -> int:
-        nonlocal at
+    __slots__ = ("at", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def number(self) -> int:
         value = shift = 0
         while True:
-            byte = layout[at]
-            at += 1
+            byte = self.data[self.at]
+            self.at += 1
             value |= (byte & 0x7F) << shift
             shift += 7
             if byte < 0x80:
                 return value
 
-    def text() -> str:
-        nonlocal at
-        n = number()
-        at += n
-        return layout[at - n:at].decode()   # the C side checked it is UTF-8
+    def text(self) -> str:
+        n = self.number()
+        self.at += n
+        return self.data[self.at - n:self.at].decode()   # the C side checked it is UTF-8
 
+
+def _recipe(layout: bytes) -> Recipe:
+    reader = _LayoutReader(layout)
+    number, text = reader.number, reader.text
     signature_name = text()
     output_filter = tuple(text() for _ in range(number()))
     inputs = []
@@ -230,26 +243,34 @@ def _arrays(values: np.ndarray, data: bytes, recipe: Recipe) -> dict[str, np.nda
     return inputs
 
 
-def _parse(data: bytes) -> tuple[np.ndarray, bytes, Recipe] | None:
+def _run(decoder: Any, data: bytes, values: np.ndarray) -> tuple[int, _Scratch]:
     size = len(data)
-    values = np.empty(size + 1, np.int64)   # the C side's bound: one slot per wire byte
     try:
         scratch = _local.scratch
     except AttributeError:
         scratch = _local.scratch = _Scratch(_SCRATCH_START)
-    got = _decode_request(data, size, _address(values), size + 1, scratch.address, scratch.cap)
+    got = decoder(data, size, _address(values), len(values), scratch.address, scratch.cap)
     while got == -_SCRATCH_FULL and scratch.cap < _SCRATCH_MAX:
         scratch = _local.scratch = _Scratch(scratch.cap * 4)
-        got = _decode_request(data, size, _address(values), size + 1, scratch.address, scratch.cap)
+        got = decoder(data, size, _address(values), len(values), scratch.address, scratch.cap)
+    return got, scratch
+
+
+def _parse(data: bytes) -> tuple[np.ndarray, bytes, Recipe] | None:
+    values = np.empty(len(data) + 1, np.int64)   # the C side's bound: one slot per wire byte
+    got, scratch = _run(_decode_request, data, values)
     if got < 0:
         return None
-    layout = scratch.bytes[:got].tobytes()
+    return values, *_layout_recipe(scratch.bytes[:got].tobytes())
+
+
+def _layout_recipe(layout: bytes) -> tuple[bytes, Recipe]:
     recipe = _recipes.get(layout)
     if recipe is None:
         if len(_recipes) >= _CACHE_LIMIT:
             _recipes.clear()
         recipe = _recipes[layout] = _recipe(layout)
-    return values, layout, recipe
+    return layout, recipe
 
 
 def parse(data: bytes) -> ParsedRequest | None:
@@ -266,3 +287,43 @@ def decode(data: bytes) -> tuple[str, dict[str, np.ndarray], tuple[str, ...]] | 
         return None
     values, _, recipe = parsed
     return recipe.signature_name, _arrays(values, data, recipe), recipe.output_filter
+
+
+def _model_spec(prefix: bytes) -> tuple[tuple[str, int | None, str | None], int]:
+    """The prefix's (name, version, version_label) and where the layout after it starts."""
+    reader = _LayoutReader(prefix)
+    name, kind = reader.text(), reader.number()
+    version = label = None
+    if kind == 1:
+        version = reader.number()
+        version = version - (1 << 64) if version >= 1 << 63 else version
+    elif kind == 2:
+        label = reader.text()
+    return (name, version, label), reader.at
+
+
+# prefix + layout bytes -> (ModelSpec, layout, recipe): a client repeats both.
+_tfs_layouts: dict[bytes, tuple[tuple[str, int | None, str | None], bytes, Recipe]] = {}
+
+
+def parse_tfs(data: bytes) -> tuple[tuple[str, int | None, str | None], ParsedRequest] | None:
+    """A tensorflow.serving.PredictRequest's ModelSpec (name, version, version_label; the
+    signature_name is the recipe's) and its inputs parsed as `parse` parses an EAS request
+    (the same layouts and recipes), or None to leave `data` to recserve.wire.tfserving_codec."""
+    values = np.empty(len(data) + 1, np.int64)
+    got, scratch = _run(_decode_tfs_request, data, values)
+    if got == -_VALUES_FULL:   # values repeated to fill a tensor: the bound codec.h gives
+        values = np.empty(2 * (len(data) + 1) + 2 * TFS_MAX_FILL, np.int64)
+        got, scratch = _run(_decode_tfs_request, data, values)
+    if got < 0:
+        return None
+    whole = scratch.bytes[:got].tobytes()
+    known = _tfs_layouts.get(whole)
+    if known is None:
+        spec, at = _model_spec(whole)
+        known = (spec, *_layout_recipe(whole[at:]))
+        if len(_tfs_layouts) >= _CACHE_LIMIT:
+            _tfs_layouts.clear()
+        _tfs_layouts[whole] = known
+    spec, layout, recipe = known
+    return spec, ParsedRequest(values, data, layout, recipe)

@@ -76,12 +76,33 @@ static void check_layout(const uint8_t* layout, int64_t n, const int64_t* values
     CHECK(p == end);
 }
 
+typedef int64_t (*decode_fn)(const uint8_t*, int64_t, int64_t*, int64_t, int64_t*, int64_t);
+
+/* Decodes again from a small scratch up, doubling on SCRATCH_FULL as the Python caller does,
+ * and checks the answer equals `n` and the layout bytes in `big`; returns that run's values
+ * (values_cap slots, the caller frees them). */
+static int64_t* redecode_from_small_scratch(decode_fn decode, const uint8_t* request, size_t size,
+                                            int64_t values_cap, const int64_t* big, int64_t big_cap, int64_t n) {
+    int64_t* values2 = malloc((size_t)values_cap * sizeof(int64_t));
+    for (int64_t cap = 1;; cap *= 2) {
+        int64_t* small = malloc((size_t)cap * sizeof(int64_t));
+        int64_t m = decode(request, (int64_t)size, values2, values_cap, small, cap);
+        if (m == -RS_CODEC_SCRATCH_FULL) {
+            free(small);
+            CHECK(cap < big_cap);
+            continue;
+        }
+        CHECK(m == n && memcmp(small, big, (size_t)n) == 0);
+        free(small);
+        return values2;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint8_t* request = malloc(size ? size : 1);
     memcpy(request, data, size);
     const int64_t values_cap = (int64_t)size + 1, big_cap = 32 * (int64_t)size + 64;
     int64_t* values = malloc((size_t)values_cap * sizeof(int64_t));
-    int64_t* values2 = malloc((size_t)values_cap * sizeof(int64_t));
     int64_t* big = malloc((size_t)big_cap * sizeof(int64_t));
 
     int64_t n = rs_decode_request(request, (int64_t)size, values, values_cap, big, big_cap);
@@ -89,19 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (n >= 0) {
         CHECK(n <= big_cap * 8);
         check_layout((const uint8_t*)big, n, values, values_cap, (int64_t)size);
-        /* From a small scratch up, doubling on SCRATCH_FULL as the Python caller does. */
-        for (int64_t cap = 1;; cap *= 2) {
-            int64_t* small = malloc((size_t)cap * sizeof(int64_t));
-            int64_t m = rs_decode_request(request, (int64_t)size, values2, values_cap, small, cap);
-            if (m == -RS_CODEC_SCRATCH_FULL) {
-                free(small);
-                CHECK(cap < big_cap);
-                continue;
-            }
-            CHECK(m == n && memcmp(small, big, (size_t)n) == 0);
-            free(small);
-            break;
-        }
+        int64_t* values2 = redecode_from_small_scratch(rs_decode_request, request, size, values_cap, big, big_cap, n);
         /* The values the layout points at are equal too (slots past them are scratch). */
         const uint8_t *p = (const uint8_t*)big, *end = p + n;
         skip_text(&p, end);
@@ -118,9 +127,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                : used * 8;
             CHECK(memcmp(values + slot, values2 + slot, bytes) == 0);
         }
+        free(values2);
     }
     free(big);
-    free(values2);
     free(values);
     free(request);
     return 0;

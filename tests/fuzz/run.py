@@ -60,6 +60,9 @@ TARGETS = {
         Target("ssd", "tests/fuzz/fuzz_ssd.c", tuple(ENGINE), ("-pthread", "-lm"), 256),
         Target("checkpoint", "tests/fuzz/fuzz_checkpoint.py", max_len=2048),
         Target("codec_parity", "tests/fuzz/fuzz_codec_parity.py", corpus_of="codec"),
+        # fuzz_codec_tfs.c includes fuzz_codec.c (its layout checks); codec_tfs.inc is in codec.c.
+        Target("codec_tfs", "tests/fuzz/fuzz_codec_tfs.c", ("native/codec.c",)),
+        Target("codec_tfs_parity", "tests/fuzz/fuzz_codec_tfs_parity.py", corpus_of="codec_tfs"),
     ]
 }
 
@@ -76,7 +79,8 @@ def build(target: Target) -> list[str]:
     if not target.native:
         return [sys.executable, str(ROOT / target.source)]
     binary = BUILD / f"fuzz_{target.name}"
-    sources = [ROOT / target.source, *(ROOT / s for s in target.native), *ROOT.glob("native/*.h"), *HERE.glob("*.h")]
+    sources = [ROOT / target.source, *(ROOT / s for s in target.native), *ROOT.glob("native/*.h"),
+               *ROOT.glob("native/*.inc"), *HERE.glob("*.h"), *HERE.glob("fuzz_codec*.c")]
     if not binary.exists() or binary.stat().st_mtime < max(s.stat().st_mtime for s in sources):
         BUILD.mkdir(parents=True, exist_ok=True)
         cmd = [clang(), "-g", "-O1", *SANITIZE, "-Inative", target.source, *target.native, *target.flags,

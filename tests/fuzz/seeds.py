@@ -53,6 +53,31 @@ def codec_seeds() -> None:
                                    "b": np.array([True, False]), "h": np.ones((2, 2), np.float16)}))
 
 
+def codec_tfs_seeds() -> None:
+    """TF Serving PredictRequests: tests/wire/test_tfserving_codec.py's generator (whole and
+    corrupted) and the raw-bytes cases it checks."""
+    spec = importlib.util.spec_from_file_location("tfs_cases", ROOT / "tests" / "wire" / "test_tfserving_codec.py")
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    rng = random.Random(27)
+    for i in range(60):
+        data = cases._random_request(rng)
+        write("codec_tfs", cases._corrupt(rng, data) if i % 4 == 3 else data)
+    t, r = cases.tensor, cases.request
+    for data in (
+        r({"x": t(1, [2, 2], content=np.arange(4, dtype="<f4").tobytes())}, version=3, signature="s"),
+        r({"x": t(1, [2, 1], content=bytes(7))}),                         # tensor_content one byte short
+        r({"x": t(9, [-1, 2], [1])}),                                     # a negative dimension
+        r({"x": t(9, [2**40, 2**40], [1])}),                              # a huge shape
+        r({"x": t(9, [2**21], [1])}),                                     # a fill beyond the bound
+        r({"x": t(7, [3], [b"z"]), "y": t(3, [2])}, label="canary"),      # string fill, zeros
+        r({"s": t(7, [2], content=cases.varint(1) + cases.varint(2) + b"abc")}),
+        r({"b": t(10, [3], content=bytes([0, 1, 7])), "i": t(3, [2], content=bytes(8))}),
+    ):
+        write("codec_tfs", data)
+        write("codec_tfs", data[:len(data) // 2])                        # truncated
+
+
 def engine_seeds() -> None:
     # create (DRAM / tiered, zeros / normal default), initial keys, then opcode sequences:
     # 0/1 upsert, 2 delete, 3 lookup, 4 contains, 5 snapshot, 6 sample, 7 compact/maintain.
@@ -99,6 +124,7 @@ def checkpoint_seeds() -> None:
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     codec_seeds()
+    codec_tfs_seeds()
     engine_seeds()
     ssd_seeds()
     checkpoint_seeds()

@@ -54,18 +54,18 @@ def test_plain_onnx_model_has_an_empty_spec(tmp_path):
 
 def test_missing_model_onnx_names_the_dir_and_its_contents(tmp_path):
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "m" / "model.json").write_text("{}")
     (tmp_path / "m" / "variables").mkdir()
     with pytest.raises(ModelLoadError) as err:
         load_model_dir(STORAGE, str(tmp_path / "m"))
     assert str(err.value) == (
-        f"savedmodel_dir {tmp_path}/m has no model.onnx; "
-        "it contains ['saved_model.pb', 'variables']"
+        f"savedmodel_dir {tmp_path}/m has no model.onnx (recserve's format) or saved_model.pb (a TensorFlow "
+        "SavedModel); it contains ['model.json', 'variables']"
     )
-    with pytest.raises(ModelLoadError, match="has no model.onnx; it does not exist"):
+    with pytest.raises(ModelLoadError, match=r"or saved_model.pb \(a TensorFlow SavedModel\); it does not exist"):
         load_model_dir(STORAGE, str(tmp_path / "absent"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="has no model.onnx; it is empty"):
+    with pytest.raises(ModelLoadError, match="; it is empty"):
         load_model_dir(STORAGE, str(tmp_path / "empty"))
 
 

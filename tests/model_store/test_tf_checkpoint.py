@@ -347,13 +347,22 @@ def test_loading_a_big_ev_copies_its_rows_once(tree, tmp_path):
     assert result["peak"] - result["before"] <= 1.1 * held, result
 
 
-def test_a_sliced_tensor_is_refused_by_name(tmp_path):
-    """A partitioned plain Variable saved in slices: the rest of the bundle reads; that tensor
-    is refused naming it."""
+def test_a_sliced_tensor_is_assembled_from_its_slices(tmp_path):
+    """A partitioned plain Variable saved in slices (TF's Saver: one tensor, a slice per
+    partition, keyed by EncodeTensorNameSlice): read whole. Row offsets above 8191 take
+    3-byte OrderedCode numbers; the slice bounds below cover 1- to 3-byte ones."""
+    rows = 70000
+    full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
     prefix = tmp_path / "sliced" / "model.ckpt-1"
-    save_bundle(prefix, {"w": np.ones((2, 2), np.float32), "ok": np.arange(3, dtype=np.int64)},
-                slices={"w": "4 2 0,2:-"})
+    save_bundle(prefix, {"w#0": full[:40], "w#1": full[40:9000], "w#2": full[9000:], "ok": np.arange(3)},
+                slices={"w#0": f"{rows} 3 0,40:-", "w#1": f"{rows} 3 40,8960:-", "w#2": f"{rows} 3 9000,61000:-"})
     bundle = TensorBundle(str(prefix))
     assert bundle.read("ok").tolist() == [0, 1, 2]
-    with pytest.raises(CorruptVersionError, match="tensor 'w' is saved in slices"):
-        bundle.read("w")
+    assert np.array_equal(bundle.read("w"), full)
+
+
+def test_a_sliced_tensor_missing_a_slice_is_refused_by_name(tmp_path):
+    prefix = tmp_path / "sliced" / "model.ckpt-1"
+    save_bundle(prefix, {"w": np.ones((2, 2), np.float32)}, slices={"w": "4 2 0,2:-"})
+    with pytest.raises(CorruptVersionError, match="slices of tensor 'w' cover 4 of its 8 values"):
+        TensorBundle(str(prefix)).read("w")

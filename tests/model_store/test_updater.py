@@ -193,7 +193,7 @@ def test_a_version_that_fails_warmup_never_serves(tiny):
     assert h.serves(10, 1)
     assert calls == ["1", "2"]
     assert h.watcher.counts.load == 1 and h.watcher.last_error == "load: warmup request 0 failed on version 2: boom"
-    assert h.built[1].sessions._sessions == []  # the rejected servable was closed
+    assert h.built[1].sessions.session_count == 0  # the rejected servable was closed
 
 
 def test_pinning_rolls_back_keeps_applying_the_pinned_versions_deltas_and_unpins(tiny):

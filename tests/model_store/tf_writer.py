@@ -15,10 +15,11 @@ import tensorflow as tf
 
 
 def save(prefix: str, tensors: dict[str, np.ndarray], shards: int, slices: dict[str, str]) -> None:
+    """`name#k` keys are slices of one tensor `name` (what Saver writes for a partitioned one)."""
     names = sorted(tensors)
     if shards == 1:
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[slices.get(n, "") for n in names],
-                          tensors=[tensors[n] for n in names])
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[n.split("#")[0] for n in names],
+                          shape_and_slices=[slices.get(n, "") for n in names], tensors=[tensors[n] for n in names])
         return
     parts = []
     for k in range(shards):

@@ -84,7 +84,8 @@ def test_perf_against_the_demo_prints_the_table_and_writes_json_and_png(
 
 
 @pytest.mark.parametrize("protocol, route", [("kserve-http", "kserve"), ("tfserving", "tfserving"),
-                                             ("eas-grpc", "eas_grpc"), ("kserve-grpc", "kserve_grpc")])
+                                             ("eas-grpc", "eas_grpc"), ("kserve-grpc", "kserve_grpc"),
+                                             ("tfserving-grpc", "tfserving_grpc")])
 def test_every_protocol_reaches_its_route(perf_server: RunningServer, tmp_path: Path, protocol: str,
                                           route: str) -> None:
     url = perf_server.grpc_address if protocol.endswith("grpc") else perf_server.url
@@ -130,6 +131,7 @@ def test_a_stopped_server_is_one_line_and_a_nonzero_exit() -> None:
 @pytest.mark.parametrize("protocol, port_kind, expected", [
     ("eas-grpc", "http", "Trying to connect an http1.x server"),
     ("kserve-grpc", "http", "Trying to connect an http1.x server"),
+    ("tfserving-grpc", "http", "Trying to connect an http1.x server"),
     ("eas-http", "grpc", "the answer is not HTTP/1.1"),
     ("tfserving", "grpc", "the answer is not HTTP/1.1"),
 ])

@@ -1,0 +1,9 @@
+"""TensorFlow SavedModels -> recserve model dirs (DESIGN §4c).
+
+`converted_model_dir` is what the serving process calls: it never imports TensorFlow; the
+conversion runs in a subprocess (`python -m recserve.convert`) and is cached on disk.
+"""
+
+from recserve.convert.cache import converted_model_dir, run_conversion
+
+__all__ = ["converted_model_dir", "run_conversion"]

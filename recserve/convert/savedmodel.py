@@ -1,0 +1,122 @@
+"""A TensorFlow SavedModel -> a recserve model dir (DESIGN §4c). Needs TensorFlow and tf2onnx
+(the `recserve[tensorflow]` extra); runs in a process of its own (`python -m recserve.convert`),
+never in a serving process.
+
+The output is an ordinary model dir: `model.onnx` (the dense rest), `model.json` (one
+binding per lookup, the table named after its variable; the signature), and `variables/`
+(the SavedModel's own bundle: the values served when there is no checkpoint_dir).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recserve.convert.dense_export import dense_graph, lookup_input, output_name, to_onnx
+from recserve.convert.savedmodel_graph import Lookup, ServingGraph, find_lookups, node_name
+from recserve.errors import ModelLoadError
+from recserve.model_spec import EmbeddingBinding, ModelSpec, SignatureSpec
+
+__all__ = ["SAVED_MODEL_FILE", "SERVE_TAG", "Conversion", "convert_savedmodel", "read_signature"]
+
+SAVED_MODEL_FILE = "saved_model.pb"
+VARIABLES = "variables/variables"
+SERVE_TAG = "serve"
+DEFAULT_SIGNATURE = "serving_default"
+
+
+@dataclass(frozen=True)
+class Conversion:
+    spec: ModelSpec
+    lookups: tuple[Lookup, ...]
+    signature: str
+    warnings: tuple[str, ...] = ()
+
+
+def _ev_default_warnings(graph: ServingGraph, lookups: list[Lookup]) -> list[str]:
+    """DeepRec's EV answers a missing id with row `id % default_value_dim` of its gather's
+    default_value; recserve's tables answer zeros. Said aloud unless that matrix is zeros."""
+    from tensorflow.python.framework import tensor_util
+
+    out = []
+    for lookup in lookups:
+        if not lookup.embedding_variable:
+            continue
+        gathers = [n for n in graph.nodes.values() if n.op.startswith("KvResourceGather") and len(n.input) > 2
+                   and graph.variable_of(n.input[0]) is not None
+                   and graph.variable_of(n.input[0]).name in lookup.parts]
+        for gather in gathers:
+            default = graph.nodes.get(node_name(gather.input[2]))
+            if default is not None and default.op == "Const" and \
+                    not tensor_util.MakeNdarray(default.attr["value"].tensor).any():
+                continue
+            out.append(f"Embedding Variable {lookup.table!r}: DeepRec answers a missing id with a row of its "
+                       f"initializer ({gather.input[2]!r}, row id % default_value_dim); recserve answers zeros")
+            break
+    return out
+
+def read_signature(savedmodel_dir: str, signature_name: str | None) -> tuple[Any, str, Any]:
+    """(the `serve` MetaGraphDef, the signature's name, its SignatureDef)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    path = os.path.join(savedmodel_dir, SAVED_MODEL_FILE)
+    try:
+        with open(path, "rb") as f:
+            saved.ParseFromString(f.read())
+    except Exception as exc:  # OSError, DecodeError
+        raise ModelLoadError(f"{path}: not a readable SavedModel ({exc})") from exc
+    metas = [m for m in saved.meta_graphs if SERVE_TAG in m.meta_info_def.tags]
+    if not metas:
+        tags = [list(m.meta_info_def.tags) for m in saved.meta_graphs]
+        raise ModelLoadError(f"{path} has no MetaGraphDef tagged {SERVE_TAG!r}; its tag sets are {tags}")
+    meta = metas[0]
+    names = sorted(meta.signature_def)
+    name = signature_name or (DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names or len(names) != 1 else names[0])
+    if name not in meta.signature_def:
+        raise ModelLoadError(f"signature_name {name!r} is not in {path}; it has {names}")
+    return meta, name, meta.signature_def[name]
+
+
+def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | None = None) -> Conversion:
+    """Write the recserve model dir `out_dir` (must not exist) for `savedmodel_dir`."""
+    from recserve.export import write_model_dir
+
+    meta, name, sig = read_signature(savedmodel_dir, signature_name)
+    if meta.graph_def.library.function and any(
+            n.op in ("StatefulPartitionedCall", "PartitionedCall") for n in meta.graph_def.node):
+        raise ModelLoadError(f"{savedmodel_dir}: a TF2 function-based SavedModel (tf.saved_model.save); recserve "
+                             "converts graph-mode SavedModels (SavedModelBuilder, as TF1 and DeepRec write them) so far")
+    inputs = {key: info.name for key, info in sig.inputs.items()}
+    outputs = {key: info.name for key, info in sig.outputs.items()}
+    graph = ServingGraph(meta.graph_def, inputs.values(), outputs.values())
+    placeholders = {node_name(info.name): info for info in sig.inputs.values()}
+    warnings: list[str] = []
+    lookups = find_lookups(graph, placeholders, warnings)
+    variables = os.path.join(savedmodel_dir, VARIABLES)
+    dense, holds = dense_graph(meta.graph_def, lookups, list(outputs.values()), variables)
+    kept = {n.name for n in dense.node}
+    bound = {lk.input for lk in lookups}
+    dense_inputs = [t for t in inputs.values() if node_name(t) not in bound and node_name(t) in kept]
+    both = sorted(node_name(t) for t in inputs.values() if node_name(t) in bound and node_name(t) in kept)
+    if both:
+        raise ModelLoadError(f"input(s) {both} feed a lookup and the dense graph too; recserve binds an ids input "
+                             "to its lookup only")
+    model = to_onnx(dense, lookups, dense_inputs, list(outputs.values()), holds)
+    spec = ModelSpec(
+        embeddings=tuple(EmbeddingBinding(
+            input=lk.input, table=lk.table, dim=lk.dim, graph_input=lookup_input(lk), combiner=lk.combiner,
+            key_dtype=lk.key_dtype, buckets=lk.buckets, vocabulary=lk.vocabulary)  # type: ignore[arg-type]
+            for lk in lookups),
+        signatures={name: SignatureSpec(
+            inputs={key: node_name(t) for key, t in inputs.items() if node_name(t) in bound or t in dense_inputs},
+            outputs={key: output_name(t) for key, t in outputs.items()})},
+    )
+    write_model_dir(out_dir, model, spec)
+    source = Path(savedmodel_dir, "variables")
+    if source.is_dir():
+        shutil.copytree(source, Path(out_dir, "variables"))
+    return Conversion(spec, tuple(lookups), name, tuple(warnings + _ev_default_warnings(graph, lookups)))

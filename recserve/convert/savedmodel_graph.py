@@ -1,0 +1,312 @@
+"""Finding the embedding lookups of a SavedModel's serving graph (DESIGN §4c).
+
+Works on the GraphDef as protobuf only — no op is executed or even registered — so graphs
+holding DeepRec's Embedding Variable ops (which TensorFlow cannot import) are read too.
+
+A lookup is a gather on a variable — `GatherV2`/`Gather` on a `VariableV2` read,
+`ResourceGather` on a `VarHandleOp`, DeepRec's `KvResourceGather[V1]` on a `KvVarHandleOp`;
+a partitioned variable is one gather per `part_<k>`, all feeding one `(Parallel)DynamicStitch`
+— followed by its pooling (`SparseSegmentSum/Mean/SqrtN`), or by nothing (one row per id).
+Its *cut* is the tensor where the lookup's own subgraph ends: starting at the pooling (or
+the gather), the region grows through every consumer computed only from the ids input, the
+variable and constants (TF1 feature columns' empty-row zeroing `Tile`/`ZerosLike`/`Select`
+and reshapes); the one tensor of the region read from outside it is the cut. recserve's
+engine computes exactly that tensor: [batch, dim], `combiner` over the non-padding ids ('' or
+-1), zeros for a sample without ids. The ids' path says how ids become keys:
+`StringToHashBucketFast` (Fingerprint64 mod buckets) or the int64 ids themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from recserve.errors import ModelLoadError
+
+__all__ = ["Lookup", "ServingGraph", "find_lookups"]
+
+VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "KvVarHandleOp"})
+EV_OPS = frozenset({"KvVarHandleOp"})
+GATHER_OPS = frozenset({"GatherV2", "Gather", "ResourceGather", "KvResourceGather", "KvResourceGatherV1"})
+POOLING = {
+    "SparseSegmentSum": "sum", "SparseSegmentMean": "mean", "SparseSegmentSqrtN": "sqrtn",
+    "SparseSegmentSumWithNumSegments": "sum", "SparseSegmentMeanWithNumSegments": "mean",
+    "SparseSegmentSqrtNWithNumSegments": "sqrtn",
+}
+STITCH_OPS = frozenset({"ParallelDynamicStitch", "DynamicStitch"})
+_READS = frozenset({"Identity", "ReadVariableOp"})
+# Ops on an ids path recserve cannot reproduce yet: refused by name rather than served wrong.
+_UNSUPPORTED_ID_OPS = {
+    "LookupTableFind": "a TF1 v1 lookup table (LookupTableFind)",
+    "StringToHashBucketStrong": "keyed hashing (StringToHashBucketStrong)",
+    "StringToHashBucket": "the legacy StringToHashBucket hash",
+    "AsString": "ids hashed as strings (categorical_column_with_hash_bucket on integers)",
+}
+_PART = re.compile(r"/part_\d+$")
+
+
+def node_name(ref: str) -> str:
+    """'^x' or 'x:1' -> 'x'."""
+    return ref.lstrip("^").split(":")[0]
+
+
+def tensor_name(ref: str) -> str:
+    """'x' -> 'x:0'; 'x:1' stays."""
+    return ref if ":" in ref else f"{ref}:0"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One embedding lookup: request input `input` -> table `table` -> tensor `cut`."""
+
+    input: str                 # the signature's placeholder (node name) holding the ids
+    table: str                 # the variable's name, partitions merged ('.../part_0' -> '...')
+    parts: tuple[str, ...]     # the variable nodes, in partition order
+    dim: int
+    rows: int | None           # rows of a plain variable (all partitions); None for an EV
+    combiner: str              # sum / mean / sqrtn / none
+    key_dtype: str             # "string" or "int64"
+    buckets: int               # StringToHashBucketFast's num_buckets; 0: the ids are the keys
+    cut: str                   # the tensor the rest of the graph reads ('node:k')
+    embedding_variable: bool   # a DeepRec Embedding Variable (keys are ids, rows from -keys/-values)
+    vocabulary: tuple[str, ...] = ()  # a vocabulary column's list: a string's id is its index
+    rank: int = 2              # of the cut tensor: [batch, dim] pooled, ids' rank + 1 unpooled
+
+
+class ServingGraph:
+    """A GraphDef indexed for walking: nodes by name, data consumers, what each node reads."""
+
+    def __init__(self, graph_def: Any, inputs: Iterable[str], outputs: Iterable[str]) -> None:
+        self.nodes: dict[str, Any] = {n.name: n for n in graph_def.node}
+        self.inputs = [node_name(i) for i in inputs]
+        self.outputs = [tensor_name(o) for o in outputs]
+        self.consumers: dict[str, list[Any]] = {}
+        for node in graph_def.node:
+            for ref in node.input:
+                if not ref.startswith("^"):
+                    self.consumers.setdefault(node_name(ref), []).append(node)
+        self.needed = self._ancestors([node_name(o) for o in self.outputs])
+        self._sources: dict[str, frozenset[str]] = {}
+
+    def _ancestors(self, start: list[str]) -> set[str]:
+        seen: set[str] = set()
+        stack = list(start)
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in self.nodes:
+                continue
+            seen.add(name)
+            stack.extend(node_name(r) for r in self.nodes[name].input if not r.startswith("^"))
+        return seen
+
+    def sources(self, name: str) -> frozenset[str]:
+        """The placeholders and variables `name` is computed from (data edges)."""
+        if name in self._sources:
+            return self._sources[name]
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            if top in self._sources:
+                stack.pop()
+                continue
+            node = self.nodes[top]
+            deps = [node_name(r) for r in node.input if not r.startswith("^")]
+            missing = [d for d in deps if d not in self._sources and d in self.nodes]
+            if missing:
+                stack.extend(missing)
+                continue
+            own = {top} if node.op == "Placeholder" or node.op in VARIABLE_OPS else set()
+            self._sources[top] = frozenset(own.union(*(self._sources.get(d, frozenset()) for d in deps)))
+            stack.pop()
+        return self._sources[name]
+
+    def variable_of(self, ref: str) -> Any | None:
+        """The variable node a gather's params come from (through reads), or None."""
+        node = self.nodes.get(node_name(ref))
+        while node is not None and node.op in _READS:
+            node = self.nodes.get(node_name(node.input[0]))
+        return node if node is not None and node.op in VARIABLE_OPS else None
+
+
+def _shape(node: Any) -> list[int]:
+    attr = node.attr["shape"].shape
+    return [d.size for d in attr.dim]
+
+
+def _forward(graph: ServingGraph, start: Any, allowed: frozenset[str], limit: int = 8) -> Any | None:
+    """The first pooling op within `limit` consumers of `start`, staying inside `allowed`."""
+    frontier = [start]
+    for _ in range(limit):
+        following = []
+        for node in frontier:
+            for consumer in graph.consumers.get(node.name, []):
+                if consumer.op in POOLING:
+                    return consumer
+                if consumer.name in graph.needed and graph.sources(consumer.name) <= allowed:
+                    following.append(consumer)
+        frontier = following
+    return None
+
+
+_RESHAPES = frozenset({"Identity", "Reshape"})
+
+
+def _unpooled_cut(graph: ServingGraph, start: Any, allowed: frozenset[str]) -> str:
+    """A lookup without pooling is cut right after its gather (or stitch), past reshapes
+    only: whatever else follows (a mean over a sequence, ...) stays in the dense graph."""
+    node = start
+    while True:
+        following = [c for c in graph.consumers.get(node.name, []) if c.name in graph.needed]
+        if len(following) != 1 or following[0].op not in _RESHAPES or not graph.sources(following[0].name) <= allowed:
+            return tensor_name(node.name)
+        node = following[0]
+
+
+def _cut(graph: ServingGraph, start: Any, allowed: frozenset[str], table: str) -> str:
+    region = {start.name}
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        for consumer in graph.consumers.get(node.name, []):
+            if consumer.name not in region and consumer.name in graph.needed and \
+                    graph.sources(consumer.name) <= allowed:
+                region.add(consumer.name)
+                stack.append(consumer)
+    read_outside = {tensor_name(ref) for name in graph.needed - region for ref in graph.nodes[name].input
+                    if not ref.startswith("^") and node_name(ref) in region}
+    read_outside |= {o for o in graph.outputs if node_name(o) in region}
+    if len(read_outside) != 1:
+        raise ModelLoadError(f"the lookup of {table!r} is read by the rest of the graph through "
+                             f"{sorted(read_outside) or 'nothing'}; recserve cuts a lookup at exactly one tensor")
+    return read_outside.pop()
+
+
+def _id_path_ops(graph: ServingGraph, start: Any, ids: str) -> list[Any]:
+    """Ops between the ids placeholder and `start` (those computed from the ids)."""
+    return [graph.nodes[n] for n in graph._ancestors([start.name])
+            if n != ids and ids in graph.sources(n) and not graph.variable_of(n)]
+
+
+def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
+                 warnings: list[str] | None = None) -> list[Lookup]:
+    """Every embedding lookup the signature's outputs depend on. `placeholders`: the
+    signature's input node names -> their TensorInfo (dtype). What recserve serves
+    differently from TensorFlow on some inputs is appended to `warnings`."""
+    warnings = [] if warnings is None else warnings
+    groups: dict[str, list[tuple[Any, Any]]] = {}   # pooling / stitch / gather node -> (gather, variable)
+    for name in sorted(graph.needed):
+        node = graph.nodes[name]
+        if node.op not in GATHER_OPS:
+            continue
+        variable = graph.variable_of(node.input[0])
+        if variable is None:
+            continue
+        consumers = graph.consumers.get(name, [])
+        stitch = next((c for c in consumers if c.op in STITCH_OPS), None)
+        head = stitch or node
+        pooling = _forward(graph, head, graph.sources(head.name) | {variable.name})
+        groups.setdefault((pooling or head).name, []).append((node, variable))
+    lookups = []
+    for key, members in groups.items():
+        variables = sorted({v.name: v for _, v in members}.values(), key=lambda v: v.name)
+        tables = {_PART.sub("", v.name) for v in variables}
+        if len(tables) != 1:
+            raise ModelLoadError(f"one lookup ({key!r}) reads several variables {sorted(tables)}")
+        table = tables.pop()
+        start = graph.nodes[key]
+        sources = graph.sources(key)
+        ids = sorted(s for s in sources if graph.nodes[s].op == "Placeholder")
+        if len(ids) != 1 or ids[0] not in placeholders:
+            raise ModelLoadError(f"the lookup of {table!r} reads the inputs {ids}; recserve converts lookups of "
+                                 "exactly one signature input (weighted and crossed columns are not converted yet)")
+        path = _id_path_ops(graph, start, ids[0])
+        for op in path:
+            if op.op in _UNSUPPORTED_ID_OPS:
+                raise ModelLoadError(f"the lookup of {table!r} uses {_UNSUPPORTED_ID_OPS[op.op]} (op {op.name!r}), "
+                                     "which recserve does not convert yet")
+        buckets = [op.attr["num_buckets"].i for op in path if op.op == "StringToHashBucketFast"]
+        is_string = placeholders[ids[0]].dtype == 7  # DT_STRING
+        finds = [op for op in path if op.op == "LookupTableFindV2"]
+        vocabulary: tuple[str, ...] = ()
+        if finds:
+            if len(finds) != 1 or buckets or not is_string:
+                raise ModelLoadError(f"the lookup of {table!r} combines a vocabulary with other id mappings "
+                                     "(num_oov_buckets, integer vocabularies); recserve converts string vocabulary "
+                                     "lists with default_value -1")
+            vocabulary = _vocabulary(graph, finds[0], table)
+        elif is_string and len(buckets) != 1:
+            raise ModelLoadError(f"the lookup of {table!r} turns strings into ids by {sorted({o.op for o in path})}; "
+                                 "recserve converts StringToHashBucketFast")
+        if any(op.op == "LogicalAnd" for op in path) and any(op.op in ("Select", "SelectV2") for op in path):
+            warnings.append(f"the lookup of {table!r} replaces ids outside its range by a default id "
+                            "(categorical_column_with_identity's default_value); recserve answers zeros for them")
+        ev = variables[0].op in EV_OPS
+        if len(variables) > 1 and not ev and any(op.op == "DynamicPartition" for op in path) \
+                and not any(op.op == "Maximum" for op in path):
+            raise ModelLoadError(f"the partitioned variable {table!r} is looked up with partition_strategy 'mod'; "
+                                 "recserve converts 'div' (feature columns' default)")
+        shapes = [_shape(v) for v in variables]
+        dim = shapes[0][-1]
+        rows = None if ev else sum(s[0] for s in shapes)
+        combiner = POOLING.get(start.op, "none")
+        allowed = frozenset({ids[0], *(v.name for v in variables)})
+        lookups.append(Lookup(
+            input=ids[0], table=table, parts=tuple(v.name for v in _in_part_order(variables)), dim=dim, rows=rows,
+            combiner=combiner, key_dtype="string" if is_string else "int64", buckets=buckets[0] if buckets else 0,
+            cut=_cut(graph, start, allowed, table) if combiner != "none" else _unpooled_cut(graph, start, allowed),
+            embedding_variable=ev, vocabulary=vocabulary, rank=_rank(placeholders[ids[0]]) + 1
+            if combiner == "none" else 2))
+    inputs = [lk.input for lk in lookups]
+    twice = sorted({i for i in inputs if inputs.count(i) > 1})
+    if twice:
+        raise ModelLoadError(f"input(s) {twice} feed more than one lookup; recserve binds an input to one table")
+    return lookups
+
+
+def _rank(info: Any) -> int:
+    if info.tensor_shape.unknown_rank:
+        raise ModelLoadError(f"input {info.name!r} has no known rank; recserve needs it for an unpooled lookup")
+    return len(info.tensor_shape.dim)
+
+
+def _const(graph: ServingGraph, ref: str) -> Any | None:
+    node = graph.nodes.get(node_name(ref))
+    while node is not None and node.op == "Identity":
+        node = graph.nodes.get(node_name(node.input[0]))
+    return node.attr["value"].tensor if node is not None and node.op == "Const" else None
+
+
+def _vocabulary(graph: ServingGraph, find: Any, table: str) -> tuple[str, ...]:
+    """The keys of the HashTableV2 `find` reads, in id order (what index_table_from_tensor
+    builds: keys -> range(len(keys)), default -1)."""
+    default = _const(graph, find.input[2])
+    if default is None or list(default.int64_val) != [-1]:
+        raise ModelLoadError(f"the vocabulary of {table!r} maps unknown strings to a default id other than -1; "
+                             "recserve converts default_value -1 (unknown strings dropped)")
+    handle = node_name(find.input[0])
+    while graph.nodes[handle].op == "Identity":
+        handle = node_name(graph.nodes[handle].input[0])
+    inits = [n for n in graph.nodes.values() if n.input and node_name(n.input[0]) == handle
+             and n.op in ("InitializeTableV2", "LookupTableImportV2", "InitializeTableFromTextFileV2")]
+    if len(inits) != 1 or inits[0].op == "InitializeTableFromTextFileV2":
+        raise ModelLoadError(f"the vocabulary of {table!r} is initialized by {[n.op for n in inits]}; recserve "
+                             "converts vocabulary lists (InitializeTableV2 from constants), not files, so far")
+    keys = _const(graph, inits[0].input[1])
+    if keys is None or not keys.string_val:
+        raise ModelLoadError(f"the vocabulary of {table!r} has keys that are not constant strings")
+    values = graph.nodes.get(node_name(inits[0].input[2]))
+    ranged = values is not None and values.op in ("Range", "Cast") or (
+        values is not None and values.op == "Const" and list(_const(graph, values.name).int64_val)
+        == list(range(len(keys.string_val))))
+    if not ranged:
+        raise ModelLoadError(f"the vocabulary of {table!r} maps its keys to ids other than their positions")
+    return tuple(k.decode("utf-8") for k in keys.string_val)
+
+
+def _in_part_order(variables: list[Any]) -> list[Any]:
+    def index(v: Any) -> int:
+        match = re.search(r"/part_(\d+)$", v.name)
+        return int(match.group(1)) if match else 0
+    return sorted(variables, key=index)

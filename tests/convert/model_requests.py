@@ -1,0 +1,46 @@
+"""The requests of tf_model.py's model, without TensorFlow (the tests import this; TensorFlow
+only ever runs in tf_model.py's own processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+TAGS_LEN = 4
+CITY_BUCKETS, ITEM_BUCKETS, TAG_BUCKETS = 1000, 5000, 500
+WORDS = ["beijing", "hangzhou", "", "shanghai", "北京", "x" * 70, "zürich", "a", "tag-with-a-long-name-" * 4]
+
+
+def requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Batches with known and unseen strings ('' and non-ASCII included) and ids."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        def word() -> str:
+            return WORDS[rng.integers(len(WORDS))] if rng.random() < 0.5 else f"w{rng.integers(1 << 40)}"
+        out.append({
+            "city": np.array([word() for _ in range(batch)], dtype=object),
+            "item": rng.integers(-1, ITEM_BUCKETS, batch).astype(np.int64),
+            "tags": np.array([[word() if rng.random() < 0.7 else "" for _ in range(TAGS_LEN)] for _ in range(batch)],
+                             dtype=object),
+            "age": rng.normal(0, 1, batch).astype(np.float32),
+            "price": rng.exponential(1, batch).astype(np.float32),
+        })
+    return out
+
+
+COLORS = ["red", "green", "blue", "北京"]
+VOCAB = [f"word{i}" for i in range(50)]
+
+
+def vocab_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's vocabulary model: known, unknown and '' strings."""
+    rng = np.random.default_rng(seed)
+
+    def pick(words: list[str]) -> str:
+        roll = rng.random()
+        return words[rng.integers(len(words))] if roll < 0.6 else "" if roll < 0.75 else f"unknown{rng.integers(99)}"
+
+    return [{"color": np.array([pick(COLORS) for _ in range(batch)], dtype=object),
+             "words": np.array([[pick(VOCAB) for _ in range(3)] for _ in range(batch)], dtype=object),
+             "x": rng.normal(0, 1, batch).astype(np.float32),
+             "slot": rng.integers(0, 20, (batch, 2)).astype(np.int64)} for _ in range(n)]

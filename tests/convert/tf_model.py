@@ -1,0 +1,263 @@
+"""Real TensorFlow for the SavedModel tests, run as a subprocess (TensorFlow's bundled
+protobuf must not share a process with the tests' other protobuf users).
+
+    python tf_model.py write OUT      a TF1 feature-column model, as DeepRec trainers write
+        them: OUT/savedmodel (SavedModelBuilder), OUT/ckpt/1 (trainer checkpoint with Adagrad
+        slots and global_step), OUT/ckpt/2 (a later full checkpoint), OUT/ckpt/2/
+        .incremental_checkpoint (DeepRec-named incremental bundle: changed rows of two tables)
+    python tf_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz [CKPT_PREFIX] [INCR.npz]
+        TensorFlow's own session.run on the SavedModel (its variables, or a checkpoint's,
+        plus incremental rows written into the variables), one batch per request
+    python tf_model.py vocab OUT     a SavedModel with vocabulary-list columns (write_vocab)
+    python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
+    python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its `city` table rewritten
+        into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
+
+The model: `city` string hashed into 1000 buckets (dim 8, mean), `item` int64 identity in
+5000 buckets partitioned in 2 (dim 16), `tags` multi-valued strings padded with '' pooled
+by sqrtn (500 buckets, dim 8), numerics `age` and `price`, DNN 64-32-1 written by hand
+(tf.compat.v1.layers is gone under Keras 3), output `prob`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+fc = tf1.feature_column
+
+from model_requests import CITY_BUCKETS, ITEM_BUCKETS, TAG_BUCKETS, TAGS_LEN, requests
+
+
+def _build() -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    inputs = {
+        "city": tf1.placeholder(tf.string, [None], name="city"),
+        "item": tf1.placeholder(tf.int64, [None], name="item"),
+        "tags": tf1.placeholder(tf.string, [None, TAGS_LEN], name="tags"),
+        "age": tf1.placeholder(tf.float32, [None], name="age"),
+        "price": tf1.placeholder(tf.float32, [None], name="price"),
+    }
+    with tf1.variable_scope("item_scope", partitioner=tf1.fixed_size_partitioner(2)):
+        item = fc.input_layer(inputs, [fc.embedding_column(fc.categorical_column_with_identity("item", ITEM_BUCKETS), 16)])
+    rest = fc.input_layer(inputs, [
+        fc.embedding_column(fc.categorical_column_with_hash_bucket("city", CITY_BUCKETS), 8),
+        fc.embedding_column(fc.categorical_column_with_hash_bucket("tags", TAG_BUCKETS), 8, combiner="sqrtn"),
+        fc.numeric_column("age"), fc.numeric_column("price"),
+    ])
+    x = tf.concat([item, rest], axis=1)
+    width = int(x.shape[1])
+    for name, units in (("h1", 64), ("h2", 32), ("out", 1)):
+        kernel = tf1.get_variable(f"dnn/{name}/kernel", [width, units], initializer=tf1.glorot_uniform_initializer())
+        bias = tf1.get_variable(f"dnn/{name}/bias", [units], initializer=tf1.random_uniform_initializer(-0.1, 0.1))
+        x = tf.matmul(x, kernel) + bias
+        if name != "out":
+            x = tf.nn.relu(x)
+        width = units
+    return inputs, tf.sigmoid(tf.reshape(x, [-1]), name="prob")
+
+
+def _feed(inputs: dict[str, tf.Tensor], request: dict[str, np.ndarray]) -> dict[tf.Tensor, np.ndarray]:
+    return {inputs[k]: _tf_value(v) for k, v in request.items()}
+
+
+def _tf_value(v: np.ndarray) -> np.ndarray:
+    return np.char.encode(v.astype(str), "utf-8") if v.dtype == object else v
+
+
+def write(out: str) -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        inputs, prob = _build()
+        label = tf1.placeholder(tf.float32, [None])
+        loss = tf1.losses.log_loss(label, prob)
+        step = tf1.train.get_or_create_global_step()
+        train = tf1.train.AdagradOptimizer(0.5).minimize(loss, global_step=step)
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+
+            def train_steps(n: int, seed: int) -> None:
+                for request in requests(n, 64, seed):
+                    feed = _feed(inputs, request)
+                    feed[label] = (np.arange(64) % 2).astype(np.float32)
+                    sess.run(train, feed)
+
+            train_steps(3, 1)
+            os.makedirs(f"{out}/ckpt/1")
+            saver.save(sess, f"{out}/ckpt/1/model.ckpt", global_step=step)
+            builder = tf1.saved_model.Builder(f"{out}/savedmodel")
+            signature = tf1.saved_model.predict_signature_def(inputs=inputs, outputs={"prob": prob})
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature})
+            builder.save()
+            train_steps(3, 2)
+            os.makedirs(f"{out}/ckpt/2")
+            saver.save(sess, f"{out}/ckpt/2/model.ckpt", global_step=step)
+            # DeepRec's incremental bundle: every row changed since the full save, by row id.
+            city_var = next(v for v in tf1.global_variables() if v.name.startswith("input_layer/city_embedding"))
+            keys = np.array([3, 77, 999], dtype=np.int64)
+            values = np.full((3, 8), 0.25, dtype=np.float32) * np.arange(1, 4, dtype=np.float32)[:, None]
+            name = city_var.op.name
+            incr = f"{out}/ckpt/2/.incremental_checkpoint"
+            os.makedirs(incr)
+            sess.run(tf1.raw_ops.SaveV2(prefix=f"{incr}/model.ckpt-{int(sess.run(step)) + 5}",
+                                        tensor_names=[f"{name}-sparse_incr_keys", f"{name}-sparse_incr_values"],
+                                        shape_and_slices=["", ""], tensors=[keys, values]))
+            np.savez(f"{out}/incr.npz", name=np.array(name), keys=keys, values=values)
+
+
+def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None, incr: str | None) -> None:
+    from tensorflow.python.saved_model import loader
+
+    with tf.Graph().as_default() as graph, tf1.Session(
+            config=tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)) as sess:
+        meta = loader.load(sess, ["serve"], savedmodel)
+        if prefix:
+            tf1.train.Saver().restore(sess, prefix)
+        if incr:
+            with np.load(incr) as d:
+                var = next(v for v in tf1.global_variables() if v.op.name == str(d["name"]))
+                sess.run(tf1.scatter_update(var, d["keys"], d["values"]))
+        sig = meta.signature_def["serving_default"]
+        feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
+        fetch = graph.get_tensor_by_name(sig.outputs["prob"].name)
+        with np.load(requests_npz, allow_pickle=True) as data:
+            n = int(data["n"])
+            results = {}
+            for i in range(n):
+                feed = {feeds[k]: _tf_value(data[f"{i}/{k}"]) for k in feeds}
+                results[str(i)] = sess.run(fetch, feed)
+        np.savez(out_npz, **results)
+
+
+def write_vocab(out: str) -> None:
+    """A SavedModel with vocabulary-list columns: `color` (single string, dim 4) and `words`
+    (3 strings per sample, '' padded, mean: unknown words are dropped, not averaged in),
+    numeric `x`, and `slot` (int64 [batch, 2]) looked up with plain tf.nn.embedding_lookup
+    (no pooling: [batch, 2, 3], then summed over the slots by the dense graph); one
+    hand-written dense layer; output `prob`."""
+    from model_requests import COLORS, VOCAB
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(3)
+        inputs = {"color": tf1.placeholder(tf.string, [None], name="color"),
+                  "words": tf1.placeholder(tf.string, [None, 3], name="words"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        slot = tf1.placeholder(tf.int64, [None, 2], name="slot")
+        slots = tf1.get_variable("slot_emb", [20, 3])
+        columns = fc.input_layer(inputs, [
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("color", COLORS), 4),
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("words", VOCAB), 6, combiner="mean"),
+            fc.numeric_column("x")])
+        x = tf.concat([columns, tf.reduce_sum(tf.nn.embedding_lookup(slots, slot), axis=1)], axis=1)
+        inputs["slot"] = slot
+        kernel = tf1.get_variable("dense/kernel", [14, 1], initializer=tf1.glorot_uniform_initializer())
+        prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
+        with tf1.Session() as sess:
+            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
+            builder = tf1.saved_model.Builder(out)
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], main_op=tf1.tables_initializer(),
+                signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
+            builder.save()
+
+
+EV_TABLE = "input_layer/city_embedding/embedding_weights"
+EV_PARTITIONED = "item_scope/input_layer/item_embedding/embedding_weights"
+EV_DEFAULT_DIM = 4
+
+
+def _to_kv_ops(graph: object, variable: str, dim: int) -> None:
+    """`variable`'s VarHandleOp -> KvVarHandleOp and its ResourceGathers -> KvResourceGather
+    with a zeros default_value [EV_DEFAULT_DIM, dim]."""
+    default = graph.node.add()  # type: ignore[attr-defined]
+    default.name, default.op = f"{variable}/default_value", "Const"
+    default.attr["dtype"].type = 1
+    default.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.zeros((EV_DEFAULT_DIM, dim), np.float32)))
+    for node in graph.node:  # type: ignore[attr-defined]
+        if node.name == variable and node.op == "VarHandleOp":
+            node.op = "KvVarHandleOp"
+            del node.attr["shape"].shape.dim[0]  # shape = [dim]
+            node.attr["Tkeys"].type = 9
+            node.attr.pop("allowed_devices", None)
+            node.attr.pop("debug_name", None)
+        elif node.op == "ResourceGather" and node.input[0] == variable:
+            node.op = "KvResourceGather"
+            node.input.append(default.name)
+            node.attr.pop("batch_dims", None)
+            node.attr["Tkeys"].type = node.attr.pop("Tindices").type
+            node.attr["is_use_default_value_tensor"].b = True
+            node.attr["validate_indices"].b = True
+            node.attr["is_inference"].b = True
+
+
+def _ev_tensors(name: str, keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
+    return {f"{name}-keys": keys, f"{name}-values": values, f"{name}-freqs": np.ones(len(keys), np.int64),
+            f"{name}-versions": np.zeros(len(keys), np.int64)}
+
+
+def rewrite_to_ev(savedmodel: str, out: str) -> None:
+    """The SavedModel with its `city` table turned into a DeepRec Embedding Variable and its
+    `item` table (partitioned in 2) into a partitioned EV, as DeepRec's own graphs hold them:
+    DeepRec cannot be installed here, so its ops are written into the GraphDef by hand with
+    the inputs and attrs DeepRec-AI/DeepRec registers in tensorflow/core/ops/kv_variable_ops.cc
+    — `KvVarHandleOp` (container, shared_name, dtype, shape [dim], Tkeys) and
+    `KvResourceGather(resource, indices, default_value)` (is_use_default_value_tensor,
+    validate_indices, dtype, Tkeys, is_inference). TensorFlow cannot import the result. Its
+    variables/ hold the EVs as DeepRec saves them (`-keys`, `-values`, `-freqs`, `-versions`;
+    `E/part_<k>-...` per partition, keys the global ids): `city` with its even ids only,
+    OUT.missing.npz naming the odd ones, whose rows TensorFlow's reference run sets to the
+    EV's default (zeros here)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(f"{savedmodel}/saved_model.pb", "rb") as f:
+        saved.ParseFromString(f.read())
+    graph = saved.meta_graphs[0].graph_def
+    _to_kv_ops(graph, EV_TABLE, 8)
+    for part in (0, 1):
+        _to_kv_ops(graph, f"{EV_PARTITIONED}/part_{part}", 16)
+    os.makedirs(f"{out}/variables")
+    with open(f"{out}/saved_model.pb", "wb") as f:
+        f.write(saved.SerializeToString())
+    reader = tf1.train.load_checkpoint(f"{savedmodel}/variables/variables")
+    tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    rows = tensors.pop(EV_TABLE)
+    keys = np.arange(0, len(rows), 2, dtype=np.int64)
+    tensors |= _ev_tensors(EV_TABLE, keys, rows[keys])
+    items = tensors.pop(EV_PARTITIONED)
+    half = len(items) // 2
+    for part, ids in enumerate((np.arange(half), np.arange(half, len(items)))):
+        shuffled = np.random.default_rng(part).permutation(ids).astype(np.int64)  # an EV's keys have no order
+        tensors |= _ev_tensors(f"{EV_PARTITIONED}/part_{part}", shuffled, items[shuffled])
+    names = sorted(tensors)
+    with tf1.Session() as sess:
+        sess.run(tf1.raw_ops.SaveV2(prefix=f"{out}/variables/variables", tensor_names=names,
+                                    shape_and_slices=[""] * len(names), tensors=[tensors[n] for n in names]))
+    missing = np.arange(1, len(rows), 2, dtype=np.int64)
+    np.savez(f"{out}.missing.npz", name=np.array(EV_TABLE), keys=missing, values=np.zeros((len(missing), 8), np.float32))
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command == "write":
+        write(sys.argv[2])
+    elif command == "vocab":
+        write_vocab(sys.argv[2])
+    elif command == "hash":  # IN.npz (strings, buckets) -> OUT.npz: tf.strings.to_hash_bucket_fast per bucket count
+        with np.load(sys.argv[2], allow_pickle=True) as job:
+            words, counts = list(job["strings"]), [int(b) for b in job["buckets"]]
+        with tf1.Session() as sess:
+            np.savez(sys.argv[3], **{str(b): sess.run(tf.strings.to_hash_bucket_fast(words, b)) for b in counts})
+    elif command == "evgraph":
+        rewrite_to_ev(sys.argv[2], sys.argv[3])
+    elif command == "predict":
+        predict(sys.argv[2], sys.argv[3], sys.argv[4], *[a or None for a in (sys.argv[5:7] + ["", ""])[:2]])
+    else:
+        raise SystemExit(f"unknown command {command!r}")
