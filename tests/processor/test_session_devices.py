@@ -1,7 +1,8 @@
 """GPU decisions a SessionGroup makes, run on this machine's CPU-only onnxruntime: one CUDA
 stream per session with `use_multi_stream` (each session's provider options name its own),
-and TensorRT profiles built from the real graph's input shapes. ONNX Runtime gets exactly
-these provider lists; with no CUDA provider it serves on the CPU (allow_cpu_fallback).
+and TensorRT profiles built from the real graph's input shapes. The sessions are created
+with exactly these provider lists; with no CUDA provider they serve on the CPU
+(allow_cpu_fallback), and the answers are checked.
 
 Only stream creation is replaced (by a recorder): it needs a GPU. Without one, the real
 CudaStreams fails the load with the CUDA runtime's reason, checked last."""
@@ -82,15 +83,17 @@ class RecordedStreams:
 
 @pytest.fixture
 def sessions_made(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[str, dict[str, str]]]]:
-    """The provider list of every InferenceSession the group creates (real sessions)."""
+    """The provider list the group builds for each session it creates (what ONNX Runtime
+    gets, through the Python binding or the native runner alike)."""
     made: list[list[tuple[str, dict[str, str]]]] = []
-    real = ort.InferenceSession
+    real = session_group.provider_list
 
-    def recording(*args: Any, providers: Any = None, **kwargs: Any) -> ort.InferenceSession:
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        providers = real(*args, **kwargs)
         made.append(list(providers))
-        return real(*args, providers=providers, **kwargs)
+        return providers
 
-    monkeypatch.setattr(session_group.ort, "InferenceSession", recording)
+    monkeypatch.setattr(session_group, "provider_list", recording)
     monkeypatch.setattr(session_group, "CudaStreams", RecordedStreams)
     return made
 
