@@ -40,13 +40,12 @@ from recserve.server.http_protocol import ConnectionLimits, guarded_protocol
 from recserve.server.inline_policy import InlinePolicy
 from recserve.server.metrics import ServerMetrics
 from recserve.server.registry import ModelRegistry
-from recserve.server.settings import ServerSettings
+from recserve.server.settings import GRACE_SECONDS, ServerSettings
 
-__all__ = ["GRACE_SECONDS", "run_server"]
+__all__ = ["run_server"]
 
 log = logging.getLogger("recserve.server")
 
-GRACE_SECONDS = 30.0
 # Threads running predictions, per protocol. Few: decode and lookup hold the GIL, and
 # every extra runnable thread delays the event loop's turn (measured on 2 cores: 4 threads
 # gave 1.5-2x the HTTP throughput of 32 and a quarter of the p99).

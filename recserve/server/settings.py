@@ -31,6 +31,9 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_KEEPALIVE_S = 15.0
 DEFAULT_MAX_CONNECTIONS = 4096
+# How long SIGTERM's drain lets requests in flight finish, in one process or across workers
+# (the image's stop timeout and the manifests' grace period are chosen above it).
+GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True, repr=False)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from recserve.config import parse_model_configs
-from recserve.server.runner import GRACE_SECONDS
+from recserve.server.settings import GRACE_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 # The oldest Kubernetes release still supported upstream when this was written, and the

@@ -35,6 +35,7 @@ from recserve.processor.processor import Processor
 from recserve.processor.servable import Servable
 from recserve.server.errors import ConflictError
 from recserve.server.registry import ModelRegistry
+from recserve.server.settings import GRACE_SECONDS
 from recserve.server.workers.channel import Channel, ChannelClosed
 from recserve.server.workers.descriptor import ServableDescriptor
 from recserve.server.workers.zygote import Zygote
@@ -44,7 +45,6 @@ __all__ = ["Leader"]
 
 log = logging.getLogger("recserve.server")
 
-GRACE_SECONDS = 30.0
 _INFO_SECONDS = 0.25
 _SERVING_WAIT_SECONDS = 120.0
 
