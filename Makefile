@@ -1,12 +1,12 @@
 # The README's two commands: `make serve` and `make test`. Everything they need is
 # installed from scratch: a venv with the package (native parts compiled by its build),
-# and redis-server from Debian's packages when the machine has none.
+# and redis-server and valgrind from Debian's packages when the machine has none.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: peers install native redis-server wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
+.PHONY: peers install native redis-server valgrind wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
@@ -26,6 +26,10 @@ native: $(VENV)/.installed
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
 
+# The C ABI's leak check (tests/cabi/test_cabi_leaks.py) runs its C host under valgrind.
+valgrind:
+	@command -v valgrind >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends valgrind; }
+
 # The benchmarks' HTTP load generator (bench_frontdoor).
 wrk:
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wrk; }
@@ -44,8 +48,9 @@ serve: install
 	$(BIN)/recserve serve --config .demo/config.json
 
 # tests/fuzz/test_fuzz_corpus.py runs every fuzz target briefly on its checked-in corpus.
-test: install redis-server clang
-	$(BIN)/python -m pytest -q
+# RECSERVE_REQUIRE_VALGRIND: the leak check fails instead of skipping without valgrind.
+test: install redis-server clang valgrind
+	RECSERVE_REQUIRE_VALGRIND=1 $(BIN)/python -m pytest -q
 
 # The Dockerfile built with buildah and run with podman (tests/image/test_image.py): every
 # protocol, the user, the size, the SIGTERM drain. RECSERVE_IMAGE_GPU=1 builds the gpu

@@ -1,5 +1,6 @@
 """A real redis-server for the tests' fixtures and the benchmarks (bench_redis, the soak):
-one subprocess on a free port, optionally a one-node Redis Cluster owning every slot."""
+one subprocess on a free port, optionally a one-node Redis Cluster owning every slot, or
+one that requires a password (AUTH)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class RedisServer:
     """One redis-server subprocess on a free port, without persistence: killed (a crash) and
     started again, it comes back empty on the same port. Not thread-safe."""
 
-    def __init__(self, workdir: Path, *, cluster: bool = False) -> None:
+    def __init__(self, workdir: Path, *, cluster: bool = False, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; run `make redis-server` (apt-get install redis-server)")
@@ -27,6 +28,7 @@ class RedisServer:
         self.port = free_port(with_cluster_bus=cluster)
         self.workdir = workdir
         self.cluster = cluster
+        self.password = password  # --requirepass: clients must AUTH with it
         self.url = f"redis://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -34,6 +36,8 @@ class RedisServer:
         log = self.workdir / f"redis-{self.port}.log"
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.workdir), "--logfile", str(log)]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{self.port}.conf"]
             (self.workdir / f"nodes-{self.port}.conf").unlink(missing_ok=True)
@@ -60,7 +64,7 @@ class RedisServer:
         client.close()
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, password=self.password)
 
     def kill(self) -> None:
         """SIGKILL, as a crash; the data is gone."""

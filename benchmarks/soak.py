@@ -5,9 +5,9 @@ load from two client processes, while every few seconds a fault or an update lan
 delta, a new full version, a full version whose files are deleted while it loads, a
 version with a flipped byte, a worker killed with SIGKILL. Every answer is checked against
 the version and delta step it names (X-Recserve-Model-Version / -Delta-Step headers, gRPC
-trailing metadata): its prediction must equal an in-process Processor's on that state (or
-a later delta of the same version: a delta lands table by table while the step is named
-after it). Reports requests sent, failed and wrong, p50/p99 per phase, and the server
+trailing metadata): its prediction must equal the numpy + onnxruntime reference's on that
+state (recserve/export/reference.py, within REFERENCE_ATOL; or on a later delta of the same
+version: a delta lands table by table while the step is named after it). Reports requests sent, failed and wrong, p50/p99 per phase, and the server
 tree's memory, open files and threads at start and end.
 
 With `--store s3` the model and its versions live in an S3 bucket (moto's server) read
@@ -41,15 +41,18 @@ import numpy as np
 from benchmarks.load_tools import free_port, process_tree, tree_memory, wait_ready
 from benchmarks.redis_server import RedisServer
 from benchmarks.soak_stores import Bucket, SmallDisk
-from recserve import Processor
 from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
+from recserve.export.reference import Reference
 from recserve.model_store.checkpoint import TableData
 from recserve.wire.codec import encode_request
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_SECONDS = 10.0
 REQUESTS = 8  # distinct requests, batch 1 (a row is entirely old or new: one answer per state)
+# The reference runs the graph with the rows as initializers, the server feeds them as
+# inputs: the same ONNX Runtime kernels, a float32 rounding apart at most.
+REFERENCE_ATOL = 1e-6
 FAILED_CALL_PAUSE = 0.01  # seconds a client waits after a failed call before its next one
 
 
@@ -184,7 +187,8 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     config_path = root / "config.json"
     config_path.write_text(json.dumps(config))
     rng = np.random.default_rng(0)
-    bodies = [encode_request(demo.sample_inputs(1, rng), output_filter=["probabilities"]) for _ in range(REQUESTS)]
+    requests = [demo.sample_inputs(1, rng) for _ in range(REQUESTS)]
+    bodies = [encode_request(inputs, output_filter=["probabilities"]) for inputs in requests]
     http_port, grpc_port = free_port(), free_port()
     log = open(root / "server.log", "wb")  # noqa: SIM115  (the server's stdout for the whole soak)
     server = subprocess.Popen(
@@ -194,19 +198,14 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     url = f"http://127.0.0.1:{http_port}"
     wait_ready(f"{url}/v2/health/ready", server)
 
-    expected: dict[tuple[str, str], list[bytes]] = {}
+    expected: dict[tuple[str, str], list[np.ndarray]] = {}
 
     def reference(version: str, step: int, directory: Path) -> None:
-        """The answers of state (version, step): a Processor reading only that version."""
-        only = root / "ref"
-        shutil.rmtree(only, ignore_errors=True)
-        only.mkdir()
-        shutil.copytree(directory, only / version)
-        processor = Processor({**local_config, "checkpoint_dir": str(only)})
-        try:
-            expected[(version, str(step))] = [processor.process(b)[1] for b in bodies]
-        finally:
-            processor.close()
+        """The answers of state (version, step): the numpy + onnxruntime reference
+        (recserve/export/reference.py) of that version dir as it is now, not a second
+        recserve Processor, whose bugs would agree with the server's."""
+        answers = Reference(demo.model_dir, directory)
+        expected[(version, str(step))] = [answers.predict(inputs)["probabilities"] for inputs in requests]
 
     reference("1", 0, demo.version_dir)
     stop = multiprocessing.Event()
@@ -371,9 +370,9 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
             if unknown <= 5:
                 print("unattributed claim", kind, claim, file=sys.stderr)
             continue
-        from recserve.wire.codec import decode_response
-
-        if not any(decode_response(expected[s][index])["probabilities"].tobytes() == value for s in states):
+        got = np.frombuffer(value, np.float32)
+        if not any(got.shape == expected[s][index].ravel().shape
+                   and np.allclose(got, expected[s][index].ravel(), atol=REFERENCE_ATOL, rtol=0) for s in states):
             wrong += 1
             wrong_by[f"{kind} during {phase_of(started)}: claimed {claim[0]}/{claim[1]}"] += 1
     per_phase = {p: {"requests": len(v), "p50_ms": round(float(np.percentile(v, 50)) * 1e3, 2),

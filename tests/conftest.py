@@ -4,7 +4,8 @@ for the torch-exported ONNX fixtures.
 `redis_server` starts one for the test and stops it after; `redis_server.kill()` and
 `.start()` simulate an outage (same port, data lost: the server runs without persistence,
 ``--save "" --appendonly no``). `redis_cluster_node` is a one-node Redis Cluster owning all
-16384 slots, for code paths that use redis-py's cluster client. Never a system service.
+16384 slots, for code paths that use redis-py's cluster client; `redis_server_with_password`
+requires AUTH with REDIS_PASSWORD. Never a system service.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ __all__ = ["RedisServer"]
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+REDIS_PASSWORD = "s3cret-pass-7f1c"
+
+
+@pytest.fixture
+def redis_server_with_password(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server started with --requirepass REDIS_PASSWORD."""
+    server = RedisServer(tmp_path, password=REDIS_PASSWORD)
     server.start()
     yield server
     server.stop()

@@ -5,7 +5,8 @@ timeout, so a call never hangs: it returns or raises within about `timeout` seco
 first failure opens a circuit: until `Backoff.compute(failures)` seconds have passed,
 calls fail at once without touching the network; then the next call tries again (the
 reconnect). Errors from redis-py become `StorageError` here and nowhere else; status 503,
-as the service is unavailable, not broken. Messages name the server by its URL, never the
+as the service is unavailable, not broken. A refused password is a `ConfigError` naming
+redis_password instead: no retry can fix it. Messages name the server by its URL, never the
 password.
 
 A Redis Cluster is reached through its node map, not through the node `redis_url` names:
@@ -29,7 +30,7 @@ from redis.cluster import ClusterNode
 from redis.retry import Retry
 
 from recserve.config.values import redact_url, redis_urls
-from recserve.errors import StorageError
+from recserve.errors import ConfigError, StorageError
 from recserve.model_store.backoff import Backoff
 
 __all__ = ["RECONNECT_BACKOFF", "RedisConnection"]
@@ -48,6 +49,11 @@ _OUTAGES = (
     redis.exceptions.TryAgainError,
     OSError,
 )
+
+
+# Replies of a live server to a missing or wrong password (ConnectionError subclasses in
+# redis-py, so they are caught before _OUTAGES).
+_REFUSED_CREDENTIALS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 
 
 # redis-py's cluster client can fail with AttributeError ("'NoneType' object has no attribute
@@ -142,6 +148,12 @@ class RedisConnection:
                 # redis-py refreshed its node map on that failure (a master died and its
                 # replica took over): the same call may now reach the new owner of the slot.
                 result = action(target)
+        except _REFUSED_CREDENTIALS as exc:
+            # A live server refusing redis_password: waiting or reconnecting cannot fix it.
+            raise ConfigError(
+                f"Redis at {self.url} refused the credentials ({type(exc).__name__}: {exc}) while {what}; "
+                "check redis_password", field="redis_password",
+            ) from exc
         except self._outages as exc:
             if client is not None:
                 # A caller's own client (a blocking stream read) fails alone: the circuit is

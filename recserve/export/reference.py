@@ -1,13 +1,15 @@
 """A slow, independent reference of what serving a model must compute (DESIGN §4).
 
-Uses only numpy, onnxruntime, xxhash and the files on disk — never the embedding engine's
-lookups (only `recserve.embedding.default_vectors`, the documented generator of default
-rows) — so parity tests can compare the Processor against it. Semantics implemented here:
+Uses only numpy, onnxruntime, xxhash and the files on disk — never the embedding engine,
+not even its generator of default rows — so parity tests can compare the Processor against
+it. Semantics implemented here:
 
 - a binding looks its request ids up in its table; strings hash with XXH64 (seed 0) of
   their UTF-8 bytes read as int64, the empty string being padding;
-- padding (-1) gives a zero row; an unknown key gives the table default (zeros, or
-  `recserve.embedding.default_vectors` for `{"normal": ...}`, the documented generator);
+- padding (-1) gives a zero row; an unknown key gives the table default: zeros, or for
+  `{"normal": ...}` the row the algorithm in recserve/embedding/__init__.py's docstring
+  defines (splitmix64 streams, Box-Muller in double, rounded to float32), derived here
+  from that text alone, in numpy (`default_rows`);
 - ids [B] give [B, D]; ids [B, L] give [B, L, D] with combiner none, else are pooled over
   the non-padding ids: sum, mean (sum / count), sqrtn (sum / sqrt(count)); no ids -> zeros
   ([B] ids with a pooling combiner act like [B, 1]); float32 sums in id order, as the
@@ -22,6 +24,7 @@ rows) — so parity tests can compare the Processor against it. Semantics implem
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +39,7 @@ from onnx import numpy_helper
 
 from recserve.model_spec import EmbeddingBinding, ModelSpec, parse_model_spec
 
-__all__ = ["Reference", "reference_predict"]
+__all__ = ["Reference", "default_rows", "reference_predict", "splitmix64"]
 
 _DELTA_DIRS = (".incremental_ckpt", ".incremental_checkpoint")
 
@@ -234,9 +237,7 @@ def _lookup(binding: EmbeddingBinding, ids: Any, table: Mapping[int, np.ndarray]
         else:
             unknown.append(i)
     if unknown and binding.default.kind == "normal":
-        from recserve.embedding import default_vectors  # the documented generator
-
-        rows[unknown] = default_vectors(binding.default, flat[unknown], binding.dim)
+        rows[unknown] = default_rows(binding.default.stddev, binding.default.seed, flat[unknown], binding.dim)
     rows = rows.reshape(*keys.shape, binding.dim)
     if binding.combiner == "none":
         return rows
@@ -252,3 +253,37 @@ def _lookup(binding: EmbeddingBinding, ids: Any, table: Mapping[int, np.ndarray]
     divisor = count if binding.combiner == "mean" else np.sqrt(count)
     pooled: np.ndarray = np.divide(total, divisor, out=np.zeros_like(total), where=count > 0)
     return pooled
+
+
+# -- default rows: the documented algorithm (recserve/embedding/__init__.py) -------------
+
+_U64 = 2**64
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output for state x (uint64 array; arithmetic wraps modulo 2**64)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def default_rows(stddev: float, seed: int, keys: np.ndarray, dim: int) -> np.ndarray:
+    """[len(keys), dim] float32: the `{"normal": stddev, seed}` default row of each key."""
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    seed_state = splitmix64(np.array([seed % _U64], dtype=np.uint64))
+    stream = splitmix64(seed_state ^ keys.view(np.uint64))
+    pairs = (dim + 1) // 2
+    offsets = np.arange(2 * pairs, dtype=np.uint64)
+    draws = splitmix64(stream[:, None] + offsets[None, :])
+    u1 = ((draws[:, 0::2] >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * 2.0**-53  # (0, 1]
+    u2 = (draws[:, 1::2] >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1)
+    rows = np.empty((len(keys), 2 * pairs), dtype=np.float64)
+    # The C library's log/cos/sin (Python's math), as the docstring says both engines use;
+    # numpy's own vectorised ones may differ in a double's last bit.
+    for i, j in np.ndindex(u1.shape):
+        radius = math.sqrt(-2.0 * math.log(float(u1[i, j])))
+        theta = 6.283185307179586 * float(u2[i, j])
+        rows[i, 2 * j] = stddev * (radius * math.cos(theta))
+        rows[i, 2 * j + 1] = stddev * (radius * math.sin(theta))
+    return rows[:, :dim].astype(np.float32)

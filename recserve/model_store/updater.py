@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from recserve.errors import (
+    ConfigError,
     CorruptVersionError,
     InternalError,
     ModelLoadError,
@@ -363,12 +364,14 @@ class ModelUpdater:
 
     def load_initial(self, timeout: float | None) -> None:
         """Poll until a version serves; ModelLoadError if none does within `timeout` seconds
-        (None: wait without limit)."""
+        (None: wait without limit). A ConfigError (a setting no retry fixes) is raised at once."""
         deadline = None if timeout is None else self._clock() + timeout
         logged = False
         while True:
             try:
                 self.poll_once()
+            except ConfigError:
+                raise  # a setting no retry fixes (e.g. a password the store refuses)
             except RecserveError as exc:
                 log.warning("model %r: looking for a first version: %s", self._name, exc)
             if self._serving is not None:

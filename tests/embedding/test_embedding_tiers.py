@@ -15,6 +15,7 @@ from recserve.embedding import _native, tiers
 from recserve.embedding.tiers import TierSpec, tier_spec
 from recserve.errors import ConfigError, StorageError
 from recserve.model_spec import DefaultSpec
+from tests.threads import Threads
 
 DIM = 8
 ROW_SLOT = 4 * DIM + tiers.SLOT_OVERHEAD  # DRAM bytes per resident row
@@ -143,24 +144,29 @@ def test_compaction_under_concurrent_lookups_and_updates_loses_no_row(engine, as
     expected = {int(k): 0.0 for k in keys}
     rounds = 60 if engine is _native else 12
     stop = threading.Event()
+    reading = threading.Barrier(3, timeout=60)  # the writer starts once both readers read
     failures: list[str] = []
 
-    def read() -> None:
+    def read() -> int:
         rng = np.random.default_rng(threading.get_ident() % 2**32)
         ids = np.concatenate([keys, np.arange(10**6, 10**6 + 600)])
-        while not stop.is_set():
+        lookups, stopped = 0, False
+        while not stopped:  # a first lookup, then until stopped, and once more after
+            if lookups == 1:
+                reading.wait()
+            stopped = lookups > 0 and stop.is_set()
             got = table.lookup(ids[rng.permutation(len(ids))[: len(ids) // 2]])
             torn = np.flatnonzero((got != got[:, :1]).any(axis=1))
             if len(torn):
                 failures.append(f"torn row: {sorted(set(got[torn[0]].tolist()))}")
-                return
             if engine is _native:
                 table._maintain()
+            lookups += 1
+        return lookups
 
-    readers = [threading.Thread(target=read) for _ in range(2)]
-    for thread in readers:
-        thread.start()
+    readers = Threads([read] * 2, "readers of the tiered table", breaks=[reading])
     try:
+        reading.wait()
         for version in range(1, rounds + 1):
             batch = keys[version % 3 :: 2]
             table.upsert(batch, np.full((len(batch), dim), version, np.float32))
@@ -174,8 +180,8 @@ def test_compaction_under_concurrent_lookups_and_updates_loses_no_row(engine, as
                 expected.pop(key, None)
     finally:
         stop.set()
-        for thread in readers:
-            thread.join()
+        lookups = readers.join(timeout=120)  # a reader's failure, not the barrier's, is reported
+    assert min(lookups) >= 2, lookups  # every reader read before the writer and after it started
     assert failures == []
     table._maintain()
     stats = table.tier_stats()

@@ -10,6 +10,7 @@ import pytest
 
 from recserve.embedding import _native
 from recserve.model_spec import DefaultSpec
+from tests.threads import Threads, wait_for
 
 
 def as_dict(keys: np.ndarray, values: np.ndarray) -> dict[int, list[float]]:
@@ -161,25 +162,34 @@ def test_readers_never_see_a_torn_row(engine) -> None:
     dim, keys = 256, np.arange(0, 2000, 7, dtype=np.int64)
     table = engine.EmbeddingTable("t", dim, keys, np.zeros((len(keys), dim), np.float32))
     readers, lookups = 2, (300 if engine is _native else 30)
-    finished = threading.Semaphore(0)
-    stop = threading.Event()
+    stop, first_write = threading.Event(), threading.Event()
     failures: list[str] = []
 
-    def write() -> None:
+    def write() -> int:
         version = 0
-        while not stop.is_set():
-            version += 1
-            batch = keys[version % 5 :: 2]
-            table.upsert(batch, np.full((len(batch), dim), version, np.float32))
-            fresh = np.arange(10**6 + version * 20, 10**6 + version * 20 + 20)
-            table.upsert(fresh, np.full((20, dim), version, np.float32))
-            table.delete(keys[(version * 11) % len(keys) :: 97])
+        try:
+            while not stop.is_set():
+                version += 1
+                batch = keys[version % 5 :: 2]
+                table.upsert(batch, np.full((len(batch), dim), version, np.float32))
+                fresh = np.arange(10**6 + version * 20, 10**6 + version * 20 + 20)
+                table.upsert(fresh, np.full((20, dim), version, np.float32))
+                table.delete(keys[(version * 11) % len(keys) :: 97])
+                first_write.set()
+        finally:
+            first_write.set()  # a writer that failed lets the readers finish; join re-raises
+        return version
 
-    def read() -> None:
+    def read() -> set[float]:
+        # Reading starts after the first write, so a reader sees the writer's rows, not only
+        # the initial zeros (a writer that failed would leave nothing but zeros to see).
+        wait_for(first_write, 60, "the writer's first upsert")
         ids = np.concatenate([keys, np.arange(10**6, 10**6 + 4000, 13)])
+        seen: set[float] = set()
         for _ in range(lookups):
             rows = table.lookup(ids)
             pooled = table.lookup(ids.reshape(-1, 1), "sum")  # [B, 1]: one row per sample too
+            seen.update(np.unique(rows[:, 0]).tolist())
             for got in (rows, pooled):
                 torn = np.flatnonzero((got != got[:, :1]).any(axis=1))
                 if len(torn):
@@ -187,18 +197,17 @@ def test_readers_never_see_a_torn_row(engine) -> None:
                         f"torn row for key {ids[torn[0]]}: {sorted(set(got[torn[0]].tolist()))}"
                     )
                     break
-        finished.release()
+        return seen
 
-    writer = threading.Thread(target=write)
-    threads = [threading.Thread(target=read) for _ in range(readers)]
-    writer.start()
-    for thread in threads:
-        thread.start()
-    for _ in threads:
-        finished.acquire()
-    stop.set()
-    for thread in [*threads, writer]:
-        thread.join()
+    writer = Threads([write], "the row writer")
+    reader_threads = Threads([read] * readers, "the row readers")
+    try:
+        seen_by_reader = reader_threads.join(timeout=300)
+    finally:
+        stop.set()
+    (versions,) = writer.join(timeout=60)
+    assert versions > 1
+    assert all(seen - {0.0} for seen in seen_by_reader), seen_by_reader
     assert failures == []
     _, final_values = table.snapshot()
     assert (final_values == final_values[:, :1]).all()

@@ -1,6 +1,6 @@
 """A real Redis Cluster (3 masters, 3 replicas, cluster-node-timeout 2 s) under two
 Processors' lookups: SIGKILL the master `redis_url` names, then another master. recserve must
-never answer wrong, and must answer exactly again within 10 s of each death (it reaches the
+never answer wrong (against the numpy + onnxruntime reference), and must answer exactly again within 10 s of each death (it reaches the
 cluster through its node map, not through the dead seed)."""
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from benchmarks.load_tools import free_port
 from recserve import Processor
 from recserve.embedding.redis_keys import KeySpace
 from recserve.export.demo import DemoModel, write_demo
+from recserve.export.reference import Reference
+from tests.reference_answers import ATOL, assert_answers_like_reference
+from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli (redis-tools) is not installed")
 
@@ -104,38 +107,41 @@ def cluster(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
 
 class Load:
     """Threads sending requests to each processor and checking every answer against the
-    in-memory engine's; records (time, outcome) with outcome "ok", "error" or "wrong"."""
+    reference's (numpy + onnxruntime, recserve/export/reference.py); records (time, outcome)
+    with outcome "ok", "error" or "wrong"."""
 
-    def __init__(self, processors: list[Processor], memory: Processor, demo: DemoModel) -> None:
+    def __init__(self, processors: list[Processor], reference: Reference, demo: DemoModel) -> None:
         self.events: list[tuple[float, str]] = []
         self._stop = threading.Event()
         rng = np.random.default_rng(9)
         self._requests = [demo.sample_inputs(8, rng) for _ in range(16)]
-        self._wants = [memory.predict(r) for r in self._requests]
-        self._threads = [threading.Thread(target=self._run, args=(p, i)) for i, p in enumerate(processors)]
+        self._wants = [reference.predict(r) for r in self._requests]
+        self._processors = processors
+        self._threads: Threads | None = None
 
-    def _run(self, processor: Processor, seed: int) -> None:
+    def _run(self, processor: Processor, seed: int) -> int:
         k = seed
         while not self._stop.is_set():
             k += 1
             request, want = self._requests[k % 16], self._wants[k % 16]
             try:
                 got = processor.predict(request)
-                outcome = "ok" if all(np.array_equal(got[n], want[n]) for n in want) else "wrong"
+                outcome = "ok" if all(np.allclose(got[n], want[n], atol=ATOL, rtol=0) for n in want) else "wrong"
             except Exception:  # noqa: BLE001  (an outage answers an error; counted, not raised)
                 outcome = "error"
             self.events.append((time.monotonic(), outcome))
             time.sleep(0.005)
+        return k - seed
 
     def __enter__(self) -> Self:
-        for t in self._threads:
-            t.start()
+        self._threads = Threads([lambda p=p, i=i: self._run(p, i) for i, p in enumerate(self._processors)],
+                                "cluster load clients")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=30)
+        assert self._threads is not None
+        assert min(self._threads.join(timeout=30)) > 0  # every client sent requests
 
     def recovered_after(self, since: float) -> float | None:
         """Seconds from `since` to the start of the final run of correct answers (None if the
@@ -157,7 +163,7 @@ def test_a_master_dies_and_lookups_recover_through_the_node_map(cluster: RedisCl
     config = json.loads(demo.config_path.read_text())
     config.update(feature_store_type="redis", redis_cluster=True, redis_url=f"127.0.0.1:{seed}",
                   redis_timeout_seconds=0.5, redis_cache_rows=4, model_update_interval_seconds=0.2)
-    memory = Processor(demo.config_path.read_text())
+    reference = Reference(demo.model_dir, demo.checkpoint_dir)
     replicas = [Processor(config) for _ in range(2)]
     try:
         # Rows spread over the cluster: every master holds part of every table.
@@ -169,7 +175,7 @@ def test_a_master_dies_and_lookups_recover_through_the_node_map(cluster: RedisCl
             for table in tables:
                 pattern = space.row_prefix(version, table).decode() + "*"
                 assert next(node.scan_iter(match=pattern, count=1000), None) is not None, (port, table)
-        with Load(replicas, memory, demo) as load:
+        with Load(replicas, reference, demo) as load:
             time.sleep(1.0)
             for victim in (seed, next(p for p in cluster.masters() if p != seed)):
                 killed_at = time.monotonic()
@@ -185,7 +191,6 @@ def test_a_master_dies_and_lookups_recover_through_the_node_map(cluster: RedisCl
     finally:
         for p in replicas:
             p.close()
-        memory.close()
 
 
 def test_several_seed_nodes_and_a_dead_first_seed(cluster: RedisClusterProcesses, tmp_path: Path) -> None:
@@ -196,12 +201,9 @@ def test_several_seed_nodes_and_a_dead_first_seed(cluster: RedisClusterProcesses
     config = json.loads(demo.config_path.read_text())
     config.update(feature_store_type="redis", redis_cluster=True, redis_timeout_seconds=0.5,
                   redis_url=f"127.0.0.1:{first},redis://127.0.0.1:{second}")
-    memory = Processor(demo.config_path.read_text())
     processor = Processor(config)  # the first seed is dead: the second gives the node map
     try:
         inputs = demo.sample_inputs(4, np.random.default_rng(2))
-        want, got = memory.predict(inputs), processor.predict(inputs)
-        assert all(np.array_equal(got[n], want[n]) for n in want)
+        assert_answers_like_reference([processor], Reference(demo.model_dir, demo.checkpoint_dir), inputs)
     finally:
         processor.close()
-        memory.close()

@@ -1,5 +1,5 @@
 """Processors with feature_store_type redis, end to end on the demo model: two replicas share
-one Redis and one import, answer exactly like the in-memory engine, switch versions, and
+one Redis and one import, answer like the numpy + onnxruntime reference, switch versions, and
 survive Redis being killed and restarted."""
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from recserve.embedding.redis_keys import KeySpace
 from recserve.errors import StorageError
 from recserve.export import write_checkpoint
 from recserve.export.demo import DemoModel, demo_tables, write_demo
+from recserve.export.reference import Reference
+from recserve.wire.codec import encode_request
+from tests.reference_answers import ATOL, assert_answers_like_reference
 
 
 @pytest.fixture
@@ -48,20 +51,9 @@ def eventually(check: Callable[[], bool], what: str, seconds: float = 30.0) -> N
         time.sleep(0.05)
 
 
-def assert_answer_alike(replicas: list[Processor], memory: Processor, inputs: dict[str, np.ndarray]) -> None:
-    want = memory.predict(inputs)
-    for p in replicas:
-        got = p.predict(inputs)
-        for name in want:
-            np.testing.assert_array_equal(got[name], want[name])
-
-
-def test_replicas_answer_like_the_memory_engine(demo: DemoModel, replicas: list[Processor], redis_server: Any) -> None:
-    memory = Processor(demo.config_path.read_text())
-    try:
-        assert_answer_alike(replicas, memory, demo.sample_inputs(64, np.random.default_rng(0)))
-    finally:
-        memory.close()
+def test_replicas_answer_like_the_reference(demo: DemoModel, replicas: list[Processor], redis_server: Any) -> None:
+    reference = Reference(demo.model_dir, demo.checkpoint_dir)
+    assert_answers_like_reference(replicas, reference, demo.sample_inputs(64, np.random.default_rng(0)))
     space = KeySpace("default")
     client = redis_server.client()
     assert client.exists(space.ready("1")) and client.get(space.lock("1")) is None
@@ -90,10 +82,8 @@ def test_only_the_importer_reads_table_files(
         try:
             assert reads == []
             inputs = demo.sample_inputs(16, np.random.default_rng(2))
-            want = importer.predict(inputs)
-            got = follower.predict(inputs)
-            for name in want:
-                np.testing.assert_array_equal(got[name], want[name])
+            reference = Reference(demo.model_dir, demo.checkpoint_dir)
+            assert_answers_like_reference([importer, follower], reference, inputs)
         finally:
             follower.close()
     finally:
@@ -103,8 +93,8 @@ def test_only_the_importer_reads_table_files(
 def test_a_delta_reaches_both_replicas_and_redis_once(
     demo: DemoModel, replicas: list[Processor], redis_server: Any
 ) -> None:
-    """Through the Processors' updaters: both replicas serve the delta, exactly like an
-    in-memory Processor of the same checkpoint, and only one of them wrote it to Redis."""
+    """Through the Processors' updaters: both replicas serve the delta, like the reference
+    of the same checkpoint with the delta, and only one of them wrote it to Redis."""
     from recserve.export import write_delta
 
     client = redis_server.client()
@@ -123,13 +113,9 @@ def test_a_delta_reaches_both_replicas_and_redis_once(
     eventually(lambda: all(p.model_info()["delta_step"] == 2 for p in replicas), "both replicas applied the delta")
     assert msets() - before == -(-len(keys) // 2048)  # its chunks of 2,048 rows, written by one replica
     assert client.exists(KeySpace("default").delta("1", 2))
-    memory = Processor(demo.config_path.read_text())
-    try:
-        eventually(lambda: memory.model_info()["delta_step"] == 2, "the in-memory processor applied it", 60)
-        assert not np.array_equal(memory.predict(inputs)["probabilities"], old)
-        assert_answer_alike(replicas, memory, inputs)
-    finally:
-        memory.close()
+    # Like the reference of the version with its delta: its rows changed the answers.
+    want = assert_answers_like_reference(replicas, Reference(demo.model_dir, demo.version_dir), inputs)
+    assert not np.allclose(want["probabilities"], old, atol=ATOL, rtol=0)
 
 
 def test_new_version_switches_without_mixed_responses(demo: DemoModel, replicas: list[Processor]) -> None:
@@ -139,26 +125,30 @@ def test_new_version_switches_without_mixed_responses(demo: DemoModel, replicas:
     before = replicas[0].predict(inputs)["probabilities"]
     write_checkpoint(demo.checkpoint_dir, scaled, global_step=2)
     eventually(lambda: all(p.model_info()["version"] == "2" for p in replicas), "both replicas serve v2")
-    after = replicas[0].predict(inputs)["probabilities"]
-    assert not np.array_equal(before, after)
-    np.testing.assert_array_equal(replicas[1].predict(inputs)["probabilities"], after)
+    after = assert_answers_like_reference(replicas, Reference(demo.model_dir, demo.checkpoint_dir), inputs)
+    assert not np.allclose(before, after["probabilities"], atol=ATOL, rtol=0)
 
 
 def test_redis_killed_and_restarted(demo: DemoModel, replicas: list[Processor], redis_server: Any) -> None:
     inputs = demo.sample_inputs(16, np.random.default_rng(2))
-    want = replicas[0].predict(inputs)
+    reference = Reference(demo.model_dir, demo.checkpoint_dir)
+    assert_answers_like_reference(replicas, reference, inputs)
     redis_server.kill()
     fresh = demo.sample_inputs(16, np.random.default_rng(3))  # ids not cached yet
     with pytest.raises(StorageError, match=f"Redis at redis://127.0.0.1:{redis_server.port} is unreachable"):
         replicas[0].predict(fresh)
-    status, _ = replicas[1].process(b"\x00")  # the C ABI path reports, never raises
-    assert status in (400, 503)
+    # The C ABI path reports, never raises: a valid request needing uncached rows is a 503
+    # naming the unreachable Redis.
+    other = demo.sample_inputs(16, np.random.default_rng(4))
+    status, message = replicas[1].process(encode_request(other))
+    assert status == 503, message
+    assert f"Redis at redis://127.0.0.1:{redis_server.port} is unreachable" in message.decode(), message
     redis_server.start()
     # Each replica's follower finds the rows gone on its own schedule (its reconnect
     # backoff), so each recovers on its own; one serving says nothing of the other.
     eventually(lambda: all(_works(p, fresh) for p in replicas), "both replicas serving after Redis restarted")
-    for name, value in replicas[1].predict(inputs).items():
-        np.testing.assert_array_equal(value, want[name])
+    assert_answers_like_reference(replicas, reference, inputs)
+    assert_answers_like_reference(replicas, reference, fresh)
 
 
 def _works(p: Processor, inputs: dict[str, np.ndarray]) -> bool:
@@ -180,7 +170,6 @@ def test_redis_restarted_empty_gets_the_version_back_with_its_deltas(demo: DemoM
     from recserve.export import write_delta
 
     replicas = _small_cache_replicas(demo, redis_server)
-    memory = Processor(demo.config_path.read_text())
     try:
         tables = demo_tables()
         user = tables["user"]
@@ -188,20 +177,20 @@ def test_redis_restarted_empty_gets_the_version_back_with_its_deltas(demo: DemoM
                     global_step=2)
         write_delta(demo.version_dir, {"user": (user.keys[500:1500], np.full((1000, user.dim), -0.5, np.float32))},
                     global_step=3)
-        everyone = [*replicas, memory]
-        eventually(lambda: all(p.model_info()["delta_step"] == 3 for p in everyone), "every processor at delta 3")
+        eventually(lambda: all(p.model_info()["delta_step"] == 3 for p in replicas), "every processor at delta 3")
+        reference = Reference(demo.model_dir, demo.version_dir)  # the version with both deltas
         inputs = demo.sample_inputs(64, np.random.default_rng(8))
-        assert_answer_alike(replicas, memory, inputs)
+        assert_answers_like_reference(replicas, reference, inputs)
         redis_server.kill()
         redis_server.start()
         fresh = demo.sample_inputs(64, np.random.default_rng(18))  # rows not in any cache
         eventually(lambda: all(_works(p, fresh) for p in replicas), "both replicas serving after Redis came back empty")
         assert all(p.model_info()["delta_step"] == 3 for p in replicas)
-        assert_answer_alike(replicas, memory, fresh)
+        assert_answers_like_reference(replicas, reference, fresh)
         # The re-import marked its deltas written: a replica applying one later only re-reads.
         assert redis_server.client().exists(KeySpace("default").delta("1", 3))
     finally:
-        for p in [*replicas, memory]:
+        for p in replicas:
             p.close()
 
 
@@ -221,15 +210,9 @@ def test_a_lost_version_whose_files_are_gone_gives_way_to_the_newest_readable(
         redis_server.kill()
         redis_server.start()
         eventually(lambda: all(p.model_info()["version"] == "1" for p in replicas), "both replicas back on v1")
-        only_v1 = tmp_path / "only_v1"
-        shutil.copytree(demo.version_dir, only_v1 / demo.version_dir.name)
-        memory = Processor({**json.loads(demo.config_path.read_text()), "checkpoint_dir": str(only_v1)})
-        try:
-            inputs = demo.sample_inputs(32, np.random.default_rng(9))  # rows not in any cache
-            eventually(lambda: all(_works(p, inputs) for p in replicas), "both replicas answering on v1")
-            assert_answer_alike(replicas, memory, inputs)
-        finally:
-            memory.close()
+        inputs = demo.sample_inputs(32, np.random.default_rng(9))  # rows not in any cache
+        eventually(lambda: all(_works(p, inputs) for p in replicas), "both replicas answering on v1")
+        assert_answers_like_reference(replicas, Reference(demo.model_dir, demo.version_dir), inputs)
     finally:
         for p in replicas:
             p.close()

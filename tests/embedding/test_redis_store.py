@@ -24,6 +24,7 @@ from recserve.model_store.checkpoint import Checkpoint, load_checkpoint
 from recserve.model_store.manifest import read_manifest
 from recserve.model_store.storage import LocalStorage
 from recserve.model_store.versions import VersionRef
+from tests.threads import Threads, wait_for
 
 MODEL = "ctr"
 USER_DEFAULT = DefaultSpec("normal", 0.1, 7)
@@ -145,26 +146,21 @@ def test_cache_stays_bounded_and_lookups_stay_exact(redis_server: Any, opened: A
 
 def test_concurrent_lookups_with_evictions_are_exact(redis_server: Any, opened: Any, tmp_path: Path) -> None:
     ckpt = version(tmp_path, 1)
-    store = opened(BINDINGS, ckpt, config(redis_server, redis_cache_rows=300), MODEL)
+    # A 10 s socket timeout: on a loaded 2-core machine a round trip took over the 1 s
+    # default (measured at load 10); this test is about evictions, not timeouts.
+    store = opened(BINDINGS, ckpt, config(redis_server, redis_cache_rows=300, redis_timeout_seconds=10), MODEL)
     plan = store.lookup_plan(PLAN)
-    errors: list[BaseException] = []
 
-    def worker(seed: int) -> None:
+    def worker(seed: int) -> int:
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(30):
-                ids = request(ckpt, rng, batch=100)
-                for got, want in zip(plan.run(ids), expected(ckpt, ids)):
-                    np.testing.assert_array_equal(got, want)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for lookups in range(1, 31):
+            ids = request(ckpt, rng, batch=100)
+            for got, want in zip(plan.run(ids), expected(ckpt, ids)):
+                np.testing.assert_array_equal(got, want)
+        return lookups
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors[0]
+    workers = Threads([lambda seed=seed: worker(seed) for seed in range(4)], "concurrent Redis lookups")
+    assert workers.join(timeout=120) == [30] * 4
 
 
 def test_replicas_share_one_import(redis_server: Any, opened: Any, tmp_path: Path) -> None:
@@ -175,19 +171,13 @@ def test_replicas_share_one_import(redis_server: Any, opened: Any, tmp_path: Pat
         loads.append(1)
         return ckpt
 
-    results: list[RedisTableSet] = []
-    barrier = threading.Barrier(3)
+    barrier = threading.Barrier(3, timeout=60)
 
-    def replica() -> None:
+    def replica() -> RedisTableSet:
         barrier.wait()
-        results.append(opened(BINDINGS, ckpt, config(redis_server), MODEL, reload=reload))
+        return opened(BINDINGS, ckpt, config(redis_server), MODEL, reload=reload)
 
-    threads = [threading.Thread(target=replica) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert len(results) == 3
+    results = Threads([replica] * 3, "replicas opening one version").join(timeout=60)
     assert sorted(s.imported for s in results) == [False, False, True]
     assert len(loads) == 1  # only the importer read the rows
     rng = np.random.default_rng(2)
@@ -209,12 +199,13 @@ def test_version_switch_never_mixes_versions(redis_server: Any, opened: Any, tmp
     v1 = version(tmp_path, 1, tables(1))
     current = [opened(BINDINGS, v1, config(redis_server), MODEL)]
     current_plan = [current[0].lookup_plan(PLAN)]
-    seen: set[float] = set()
     stop = threading.Event()
+    saw = {step: threading.Event() for step in (1.0, 2.0, 3.0)}
     errors: list[str] = []
 
-    def reader() -> None:
+    def reader() -> set[float]:
         rng = np.random.default_rng(3)
+        seen: set[float] = set()
         while not stop.is_set():
             plan = current_plan[0]  # one lease: the whole request uses one servable
             ids = [rng.integers(1, 2001, 64), rng.integers(1, 2001, (64, 5)), rng.integers(1, 2001, 64)]
@@ -222,17 +213,23 @@ def test_version_switch_never_mixes_versions(redis_server: Any, opened: Any, tmp
             if len(values) != 1:
                 errors.append(f"mixed response: {values}")
             seen.add(float(values[0]))
+            if float(values[0]) in saw:
+                saw[float(values[0])].set()
+        return seen
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    for step in (2, 3):
-        nxt = opened(BINDINGS, version(tmp_path, step, tables(step)), config(redis_server), MODEL)
-        current_plan[0] = nxt.lookup_plan(PLAN)
-        current.append(nxt)
-    stop.set()
-    thread.join(timeout=60)
+    thread = Threads([reader], "the reader across version switches")
+    try:
+        wait_for(saw[1.0], 60, "the reader's first response, from version 1", thread)
+        for step in (2, 3):
+            nxt = opened(BINDINGS, version(tmp_path, step, tables(step)), config(redis_server), MODEL)
+            current_plan[0] = nxt.lookup_plan(PLAN)
+            current.append(nxt)
+        wait_for(saw[3.0], 60, "the reader's first response from version 3", thread)
+    finally:
+        stop.set()
+        (seen,) = thread.join(timeout=60)
     assert not errors, errors[:3]
-    assert seen <= {1.0, 2.0, 3.0}
+    assert {1.0, 3.0} <= seen <= {1.0, 2.0, 3.0}, seen
     assert current_plan[0].run([np.array([1]), np.array([[1]]), np.array([1])])[0][0, 0] == 3.0
     # Version 1 is beyond the newest KEEP_VERSIONS: it expires after the grace period.
     client = redis_server.client()
@@ -287,4 +284,4 @@ def test_redis_cluster_client(redis_cluster_node: Any, opened: Any, tmp_path: Pa
     ids = request(ckpt, rng)
     for got, want in zip(store.lookup_plan(PLAN).run(ids), expected(ckpt, ids)):
         np.testing.assert_array_equal(got, want)
-    assert isinstance(redis.RedisCluster.from_url(redis_cluster_node.url).ping(), bool)
+    assert redis.RedisCluster.from_url(redis_cluster_node.url).ping() is True

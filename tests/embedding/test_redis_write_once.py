@@ -12,6 +12,7 @@ import pytest
 
 from recserve.embedding.redis_connection import RedisConnection
 from recserve.embedding.redis_import import mark_written, write_once
+from tests.threads import Threads, wait_for
 
 MARKER = "{m}:delta:1:2"
 
@@ -28,25 +29,32 @@ def test_concurrent_replicas_write_once_and_the_others_wait_for_it(conn: Any, re
     writes: list[str] = []
     done_at: dict[str, float] = {}
     written: list[float] = []
-    results: dict[str, Any] = {}
-    start = threading.Barrier(4)
+    start = threading.Barrier(4, timeout=60)
+    waiting = threading.Semaphore(0)  # released once by each replica that found the claim
 
-    def replica(name: str) -> None:
+    def replica(name: str) -> Any:
         def write() -> int:
             writes.append(name)
-            time.sleep(0.3)  # long enough for every other replica to find the claim
+            for n in range(3):  # the other three have found the claim and wait for the write
+                assert waiting.acquire(timeout=60), f"{n} of 3 other replicas found the claim in 60 s"
             written.append(time.monotonic())
             return 7
 
-        start.wait()
-        results[name] = write_once(conn, MARKER, write, lock_seconds=5, wait_seconds=30)
-        done_at[name] = time.monotonic()
+        found: list[float] = []
 
-    threads = [threading.Thread(target=replica, args=(f"r{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        def sleep(seconds: float) -> None:
+            if not found:
+                waiting.release()
+            found.append(seconds)
+            time.sleep(seconds)
+
+        start.wait()
+        result = write_once(conn, MARKER, write, lock_seconds=5, wait_seconds=30, sleep=sleep)
+        done_at[name] = time.monotonic()
+        return result
+
+    names = [f"r{i}" for i in range(4)]
+    results = dict(zip(names, Threads([lambda n=n: replica(n) for n in names], "replicas").join(timeout=120)))
     assert len(writes) == 1
     writer = writes[0]
     assert results[writer] == 7
@@ -80,22 +88,32 @@ def test_a_dead_writers_claim_lapses_and_another_replica_writes(conn: Any, redis
 
 
 def test_a_long_write_keeps_its_claim(conn: Any, redis_server: Any) -> None:
-    """A write longer than the claim's lifetime renews it, so nobody takes it over."""
+    """A write longer than the claim's lifetime renews it, so a replica that finds the claim
+    meanwhile waits for the write instead of taking it over."""
+    lifetime = 1.0
+    other_waits = threading.Event()
     seen: list[bytes | None] = []
 
+    def other_sleep(seconds: float) -> None:
+        other_waits.set()
+        time.sleep(seconds)
+
+    def other_replica() -> Any:
+        return write_once(conn, MARKER, lambda: pytest.fail("claim taken over"), lock_seconds=lifetime,
+                          wait_seconds=60, sleep=other_sleep)
+
     def slow() -> int:
-        time.sleep(0.9)  # three lifetimes of the 0.3 s claim
+        started = time.monotonic()
+        other.append(Threads([other_replica], "the other replica"))
+        wait_for(other_waits, 60, "the other replica to find the claim", other[0])
+        time.sleep(max(0.0, started + 3 * lifetime - time.monotonic()))  # three lifetimes of the claim
         seen.append(redis_server.client().get(MARKER))
         return 1
 
-    other: list[Any] = []
-    t = threading.Thread(target=lambda: (time.sleep(0.5), other.append(
-        write_once(conn, MARKER, lambda: pytest.fail("claim taken over"), lock_seconds=0.3, wait_seconds=30))))
-    t.start()
-    assert write_once(conn, MARKER, slow, lock_seconds=0.3, wait_seconds=30) == 1
-    t.join()
+    other: list[Threads] = []
+    assert write_once(conn, MARKER, slow, lock_seconds=lifetime, wait_seconds=60) == 1
+    assert other[0].join(timeout=60) == [None]
     assert seen[0] not in (None, b"1")  # still this writer's token
-    assert other == [None]
 
 
 def test_a_claim_held_past_the_wait_is_written_here_too(conn: Any, redis_server: Any,

@@ -6,9 +6,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from recserve.embedding import default_vectors
+from recserve.embedding import _pure, default_vectors
 from recserve.export import TableData, string_key, write_checkpoint, write_delta, write_model_dir
-from recserve.export.reference import reference_predict
+from recserve.export.reference import default_rows, reference_predict, splitmix64
 from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec
 
 DIM = 2
@@ -119,3 +119,29 @@ def test_plain_model_table_replaces_initializer_rows(tmp_path):
                      global_step=1)
     out = reference_predict(tmp_path / "m", tmp_path / "ckpt", {"idx": np.array([2, 0])})
     np.testing.assert_array_equal(out["y"], [[5, 6], [0, 0]])
+
+
+def test_default_rows_are_the_documented_algorithm_with_pinned_values():
+    """The reference derives default rows from the docstring's algorithm on its own; fixed
+    values pin it, so a change in the reference or in either engine shows here."""
+    # SplitMix64's first outputs from state 0 (Vigna's splitmix64.c): the published sequence.
+    states = np.array([0, 0x9E3779B97F4A7C15, 2 * 0x9E3779B97F4A7C15 % 2**64], dtype=np.uint64)
+    assert [int(v) for v in splitmix64(states)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    keys = np.array([0, 1, -5, 2**62], dtype=np.int64)
+    pinned = np.array([
+        [0.80490696, 0.5854089, -0.08168331],
+        [-0.6028708, -1.1352242, 0.94737375],
+        [1.2279465, 0.6504571, -0.08470652],
+        [-0.3704584, -1.0709041, -0.81414956],
+    ], dtype=np.float32)
+    spec = DefaultSpec(kind="normal", stddev=1.0, seed=7)
+    np.testing.assert_array_equal(default_rows(1.0, 7, keys, 3), pinned)
+    np.testing.assert_array_equal(default_vectors(spec, keys, 3), pinned)  # the engine in use
+    np.testing.assert_array_equal(_pure.default_vectors(spec, keys, 3), pinned)  # its Python twin
+    # The seed is taken modulo 2**64, stddev scales the doubles before the rounding.
+    np.testing.assert_array_equal(default_rows(0.01, 2**64 + 7, keys[:1], 3),
+                                  np.array([[0.00804907, 0.0058540893, -0.00081683305]], dtype=np.float32))
+    # Many keys, odd dim: the reference and the engine agree bit for bit.
+    many = np.random.default_rng(0).integers(-(2**63), 2**63 - 1, 2000)
+    np.testing.assert_array_equal(default_rows(0.5, 42, many, 17),
+                                  default_vectors(DefaultSpec(kind="normal", stddev=0.5, seed=42), many, 17))

@@ -3,7 +3,8 @@
 
 Every response must be a 200 that equals exactly one version's expected output — a full
 version (tag, w) or one of its deltas (tag) — and each delta must be served within two
-polling intervals of its MANIFEST landing. Requests carry one id each: the embedding
+polling intervals of its MANIFEST landing, plus 2 s of slack for a loaded machine (the
+delays, not a speed goal: a poll that waited for something else would take far longer). Requests carry one id each: the embedding
 engine's guarantee is per row (a delta is applied row by row), so a one-row response is
 exactly what must never be torn; a full swap is atomic for a whole request.
 """
@@ -19,6 +20,7 @@ import pytest
 
 from recserve import Processor
 from recserve.wire.codec import decode_response, encode_request
+from tests.threads import Threads
 
 # Polling intervals. moto is a Python server sharing the machine's two cores with eight
 # unpaced client threads; under that load each of its requests takes 50-150 ms (~10 ms
@@ -109,9 +111,7 @@ def test_soak_updates_under_load(tiny, store, request):  # type: ignore[no-untyp
             time.sleep(0.005)
         raise AssertionError(f"{state} not served within {WAIT_LIMIT} s; model info {processor.model_info()}")
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
-    for t in threads:
-        t.start()
+    threads = Threads([lambda n=n: client(n) for n in range(CLIENTS)], "soak clients")
     delta_delays: list[float] = []
     step = 1
     try:
@@ -126,13 +126,14 @@ def test_soak_updates_under_load(tiny, store, request):  # type: ignore[no-untyp
                 delta_delays.append(wait_served((1000.0 * j + i, float(j))))
     finally:
         stop.set()
-        for t in threads:
-            t.join()
-        info = processor.model_info()
-        processor.close()
+        try:
+            threads.join(timeout=60)
+        finally:
+            info = processor.model_info()
+            processor.close()
     assert problems == []
     assert len(delta_delays) == 20 and min(served) > 0
-    assert max(delta_delays) <= 2 * interval, delta_delays
+    assert max(delta_delays) <= 2 * interval + 2.0, delta_delays
     assert (info["version"], info["full_updates"], info["delta_updates"], info["last_error"]) == (
         str(step - DELTAS_PER_VERSION), FULLS + 1, 20, None)
     assert info["delta_step"] == step

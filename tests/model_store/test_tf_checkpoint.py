@@ -295,15 +295,19 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 before = anon()
-peak = [before]
+peak, samples = [before], [0]
 done = threading.Event()
 def sample():
     while not done.is_set():
-        peak[0] = max(peak[0], anon()); time.sleep(0.001)
-threading.Thread(target=sample, daemon=True).start()
+        peak[0] = max(peak[0], anon()); samples[0] += 1; time.sleep(0.001)
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 p = Processor(json.loads(sys.argv[1]))
 done.set()
-print(json.dumps({"before": before, "peak": peak[0], "after": anon(), "rows": p.model_info()["tables"]}))
+sampler.join(60)
+assert not sampler.is_alive(), "the RssAnon sampler did not stop in 60 s"
+print(json.dumps({"before": before, "peak": peak[0], "samples": samples[0], "after": anon(),
+                  "rows": p.model_info()["tables"]}))
 p.close()
 """
 
@@ -337,6 +341,7 @@ def test_loading_a_big_ev_copies_its_rows_once(tree, tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["rows"] == {"t": {"rows": rows}}
+    assert result["samples"] > 10, result  # the sampler ran while the version loaded
     held = result["after"] - result["before"]
     assert held >= values.nbytes  # the rows are in the table
     assert result["peak"] - result["before"] <= 1.1 * held, result

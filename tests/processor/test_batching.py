@@ -1,5 +1,9 @@
 """DynamicBatcher with a recording run function: what is merged, what is not, and that
-every caller gets exactly its own rows or its own error."""
+every caller gets exactly its own rows or its own error.
+
+Where a test needs requests merged, max_batch_size is exactly their total rows and the
+batch timeout is far longer than any test: the batch closes when it is full, so what is
+merged does not depend on how fast the machine starts the callers' threads."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 
 from recserve.errors import InternalError, RequestError
 from recserve.processor.batching import DynamicBatcher
+from tests.threads import Threads
 
 
 class Recorder:
@@ -41,29 +46,24 @@ def _submit_all(batcher: DynamicBatcher, requests: list[np.ndarray], names: Sequ
         except Exception as exc:  # noqa: BLE001  # the test inspects it
             results[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    Threads([lambda i=i: one(i) for i in range(len(requests))], "callers of submit").join(timeout=120)
     return results
 
 
+NEVER_MICROS = 600_000_000  # a batch timeout no test reaches: batches close when full
+
+
 def test_concurrent_requests_merge_and_each_caller_gets_its_rows() -> None:
-    gate = threading.Event()
-    run = Recorder(gate)
-    batcher = DynamicBatcher(run, sessions=1, max_batch_size=64, batch_timeout_micros=200_000)
+    run = Recorder()
     requests = [np.full((1 + i % 3, 2), i, np.int64) for i in range(16)]
-    opener = threading.Thread(target=lambda: (threading.Event().wait(0.3), gate.set()))
-    opener.start()
+    total = sum(r.shape[0] for r in requests)
+    batcher = DynamicBatcher(run, sessions=1, max_batch_size=total, batch_timeout_micros=NEVER_MICROS)
     results = _submit_all(batcher, requests)
-    opener.join()
     batcher.close()
     for request, result in zip(requests, results):
-        assert isinstance(result, list)
+        assert isinstance(result, list), result
         np.testing.assert_array_equal(result[0], request * 2)
-    assert sum(rows for _, rows in run.calls) == sum(r.shape[0] for r in requests)
-    assert len(run.calls) < len(requests)  # merged
+    assert run.calls == [(0, total)]  # all sixteen merged into one run
 
 
 def test_batches_never_exceed_max_rows_and_big_requests_run_alone() -> None:
@@ -89,35 +89,32 @@ def test_requests_with_other_shapes_or_outputs_are_not_merged() -> None:
 
 
 def test_a_bad_request_fails_alone_when_its_batch_is_rerun() -> None:
-    gate = threading.Event()
-    run = Recorder(gate)
-    batcher = DynamicBatcher(run, sessions=1, max_batch_size=64, batch_timeout_micros=200_000)
+    run = Recorder()
     requests = [np.full((1, 2), i, np.int64) for i in range(5)] + [np.full((2, 2), -1, np.int64)]
-    opener = threading.Thread(target=lambda: (threading.Event().wait(0.3), gate.set()))
-    opener.start()
+    batcher = DynamicBatcher(run, sessions=1, max_batch_size=7, batch_timeout_micros=NEVER_MICROS)
     results = _submit_all(batcher, requests)
-    opener.join()
     batcher.close()
+    # One merged run of all seven rows failed; then each request ran alone.
+    assert run.calls[0] == (0, 7) and sorted(run.calls[1:]) == [(0, 1)] * 5 + [(0, 2)], run.calls
     assert isinstance(results[-1], RequestError) and str(results[-1]) == "negative id"
     for request, result in zip(requests[:-1], results[:-1]):
-        np.testing.assert_array_equal(result[0], request * 2)  # type: ignore[index]
+        assert isinstance(result, list), result
+        np.testing.assert_array_equal(result[0], request * 2)
 
 
 def test_an_output_without_the_batch_dimension_is_an_internal_error() -> None:
-    gate = threading.Event()
+    merged: list[int] = []
 
     def run(session: int, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        gate.wait()
+        merged.append(feeds["x"].shape[0])
         return [np.zeros(3)] if feeds["x"].shape[0] > 1 else [np.zeros(1)]
 
-    batcher = DynamicBatcher(run, sessions=1, max_batch_size=8, batch_timeout_micros=200_000)
-    opener = threading.Thread(target=lambda: (threading.Event().wait(0.3), gate.set()))
-    opener.start()
+    batcher = DynamicBatcher(run, sessions=1, max_batch_size=2, batch_timeout_micros=NEVER_MICROS)
     results = _submit_all(batcher, [np.ones((1, 1))] * 2)
-    opener.join()
     batcher.close()
-    errors = [r for r in results if isinstance(r, InternalError)]
-    assert errors and "every output's first dimension must be the batch" in str(errors[0])
+    assert merged == [2]
+    assert all(isinstance(r, InternalError) for r in results), results
+    assert "every output's first dimension must be the batch" in str(results[0])
 
 
 def test_closed_batcher_refuses_new_requests() -> None:

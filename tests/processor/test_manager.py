@@ -9,6 +9,7 @@ import pytest
 
 from recserve.errors import ModelNotReadyError
 from recserve.processor.manager import ServableManager
+from tests.threads import Threads
 
 
 class Version:
@@ -65,22 +66,32 @@ def test_concurrent_requests_never_see_a_closed_version() -> None:
     manager.swap(Version("0"))
     seen_closed = []
     stop = threading.Event()
+    reading = threading.Barrier(5, timeout=60)  # swaps start once every reader holds a lease
 
-    def reader() -> None:
-        while not stop.is_set():
+    def reader() -> set[str]:
+        seen: set[str] = set()
+        with manager.acquire() as v:
+            seen.add(v.name)
+        reading.wait()
+        while True:  # reads until stopped, and once more after: it ends on the last version
+            stopped = stop.is_set()
             with manager.acquire() as v:
                 if v.closed:
                     seen_closed.append(v.name)
+                seen.add(v.name)
+            if stopped:
+                return seen
 
-    threads = [threading.Thread(target=reader) for _ in range(4)]
-    for t in threads:
-        t.start()
+    threads = Threads([reader] * 4, "readers acquiring leases", breaks=[reading])
     versions = [Version(str(i)) for i in range(1, 2001)]
-    for v in versions:
-        manager.swap(v)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        reading.wait()
+        for v in versions:
+            manager.swap(v)
+    finally:
+        stop.set()
+        seen = threads.join(timeout=60)  # a reader's failure, not the barrier's, is reported
+    assert all({"0", "2000"} <= names for names in seen), [sorted(names)[:5] for names in seen]
     settle(manager)
     assert seen_closed == []
     assert all(v.closed == 1 for v in versions)

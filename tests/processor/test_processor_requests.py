@@ -12,6 +12,7 @@ import pytest
 from recserve import Processor
 from recserve.errors import RequestError
 from recserve.wire.codec import decode_response, encode_request
+from tests.threads import Threads
 
 ALL_INPUTS = "['age', 'city', 'clicked_items', 'hour', 'item_category', 'item_id', 'price', 'query_category', 'user_id']"
 
@@ -182,27 +183,35 @@ def test_model_info_while_versions_swap_reads_only_live_tables(tmp_path) -> None
     tables = demo_tables()
     want = {name: {"rows": len(t.keys)} for name, t in tables.items()}
     processor = Processor({**demo.config(), "model_update_interval_seconds": 0.02})
-    done = threading.Event()
+    done, stop = threading.Event(), threading.Event()
 
     def publish() -> None:
-        for step in range(2, 26):
-            write_checkpoint(demo.checkpoint_dir, tables, global_step=step)
-            deadline = time.monotonic() + 30
-            while processor.model_info()["version"] != str(step) and time.monotonic() < deadline:
-                time.sleep(0.005)
-        done.set()
+        try:
+            for step in range(2, 26):
+                if stop.is_set():
+                    return
+                write_checkpoint(demo.checkpoint_dir, tables, global_step=step)
+                deadline = time.monotonic() + 30
+                while processor.model_info()["version"] != str(step) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+        finally:
+            done.set()  # a publisher that failed ends the reads too; join re-raises its error
 
-    writer = threading.Thread(target=publish)
-    writer.start()
+    writer = Threads([publish], "the checkpoint publisher")
     try:
         seen = set()
+        deadline = time.monotonic() + 600
         while not done.is_set():
+            assert time.monotonic() < deadline, "the publisher did not finish 24 versions in 600 s"
             info = processor.model_info()
             assert info["tables"] == want
             seen.add(info["version"])
+        writer.join(timeout=60)
         assert len(seen) > 10  # reads really spanned many swaps
         assert processor.model_info()["version"] == "25"
     finally:
-        done.set()
-        writer.join()
-        processor.close()
+        stop.set()
+        try:
+            writer.join(timeout=60)
+        finally:
+            processor.close()

@@ -95,9 +95,11 @@ sampler = threading.Thread(target=sample)
 sampler.start()
 processor = Processor(json.loads(sys.argv[1]))
 done.set()
-sampler.join()
+sampler.join(60)
+assert not sampler.is_alive(), "the RssAnon sampler did not stop in 60 s"
 stats = processor._manager.current.tables["big"].tier_stats()
-print(json.dumps({"growth": max(peak) - before, "ssd_live_records": stats["ssd_live_records"]}))
+print(json.dumps({"growth": max(peak) - before, "samples": len(peak) - 1,
+                  "ssd_live_records": stats["ssd_live_records"]}))
 processor.close()
 """
 
@@ -117,9 +119,11 @@ def test_a_table_bigger_than_its_memory_never_sits_in_memory_whole(tmp_path: Pat
         "savedmodel_dir": str(model_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
         "ev_storage_type": 12, "ev_storage_path": str(tmp_path / "ssd"), "ev_storage_size": [8 << 20, 1 << 30],
     }
-    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, json.dumps(config)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, json.dumps(config)], capture_output=True, text=True,
+                         check=True, timeout=600)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["ssd_live_records"] == rows
+    assert result["samples"] > 10, result  # the sampler ran while the version loaded
     table_bytes = rows * dim * 4
     assert result["growth"] < table_bytes // 4, (result, table_bytes)
 

@@ -4,7 +4,6 @@ providers and dynamic batching. Every group with several sessions uses its own p
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from recserve.errors import ConfigError, ModelLoadError, RequestError
 from recserve.processor import session_group
 from recserve.processor.session_group import SessionGroup, device_settings
 from recserve.runtime.cpus import available_cpus
+from tests.threads import Threads
 
 W = (np.arange(64 * 300, dtype=np.float32).reshape(64, 300) % 17) / 17
 BIAS = np.linspace(-1, 1, 300, dtype=np.float32)
@@ -79,17 +79,15 @@ def test_every_policy_answers_concurrent_callers_correctly(model: str, policy: s
     group._run_on = spy  # type: ignore[method-assign]
     errors: list[str] = []
 
-    def caller(seed: int) -> None:
+    def caller(seed: int) -> int:
         for k in range(20):
             x = _x(1 + k % 3, seed * 100 + k)
             if not np.allclose(group.run(["y"], {"x": x})[0], x @ W + BIAS, rtol=1e-4, atol=1e-4):
                 errors.append(f"{seed}/{k}")
+        return k + 1
 
-    threads = [threading.Thread(target=caller, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    calls = Threads([lambda s=s: caller(s) for s in range(4)], f"{policy} callers").join(timeout=120)
+    assert calls == [20] * 4 and len(used) == 80
     assert errors == [] and sorted(set(used)) == [0, 1]
     group.close()
 
@@ -144,9 +142,7 @@ def test_cpusets_pin_the_calling_thread_to_its_sessions_cpus(model: str) -> None
             group.run(["y"], {"x": _x(1)})
             seen.append(set(os.sched_getaffinity(0)))
 
-    thread = threading.Thread(target=caller)
-    thread.start()
-    thread.join()
+    Threads([caller], "a caller on pinned sessions").join(timeout=60)
     assert seen == [{int(g)} for g in groups.split(";")]
 
 
@@ -180,20 +176,19 @@ def test_dynamic_batching_answers_each_caller_with_its_own_rows(model: str) -> N
     group = SessionGroup(model, _config(session_num=2, max_batch_size=16, batch_timeout_micros=5000))
     errors: list[str] = []
 
-    def caller(seed: int) -> None:
+    def caller(seed: int) -> int:
         for k in range(10):
             x = _x(1 + (seed + k) % 4, seed * 1000 + k)
             y = group.run(["y"], {"x": x})[0]
             if y.shape != (x.shape[0], 300) or not np.allclose(y, x @ W + BIAS, rtol=1e-4, atol=1e-4):
                 errors.append(f"{seed}/{k}")
+        return k + 1
 
-    threads = [threading.Thread(target=caller, args=(s,)) for s in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    group.close()
-    assert errors == []
+    try:
+        calls = Threads([lambda s=s: caller(s) for s in range(12)], "batched callers").join(timeout=120)
+    finally:
+        group.close()
+    assert calls == [10] * 12 and errors == []
 
 
 def test_dynamic_batching_needs_a_free_batch_dimension(tmp_path: Path) -> None:

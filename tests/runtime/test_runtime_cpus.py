@@ -14,6 +14,7 @@ from recserve.runtime.cpus import (
     intra_op_affinities,
     pin_calling_thread,
 )
+from tests.threads import Threads
 
 
 def test_groups_of_usable_cpus_pass() -> None:
@@ -55,8 +56,6 @@ def test_pinning_moves_only_the_calling_thread() -> None:
         pin_calling_thread([0])
         seen["pinned"] = _allowed(threading.get_native_id())
 
-    worker = threading.Thread(target=body)
-    worker.start()
-    worker.join()
+    Threads([body], "a thread pinning itself").join(timeout=60)
     assert seen["pinned"] == "0"
     assert set(os.sched_getaffinity(0)) == set(available_cpus())

@@ -8,6 +8,7 @@ import pytest
 
 from recserve.errors import ConfigError
 from recserve.runtime.session_policy import SessionPolicy
+from tests.threads import Threads, wait_for
 
 
 def _acquire_in_thread(policy: SessionPolicy, calls: int) -> list[int]:
@@ -19,9 +20,7 @@ def _acquire_in_thread(policy: SessionPolicy, calls: int) -> list[int]:
             policy.release(index)
             got.append(index)
 
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
+    Threads([body], "session acquisitions").join(timeout=60)
     return got
 
 
@@ -36,17 +35,18 @@ def test_mod_gives_each_thread_one_session_in_order_of_arrival() -> None:
             policy.release(index)
             per_thread[slot].append(index)
             first_call.set()
-        done.wait()  # stay alive so that no later thread reuses this thread's id
+        wait_for(done, 60, "the last thread's first call")  # alive: no later thread reuses this id
 
     threads = []
-    for slot in range(4):
-        called = threading.Event()
-        threads.append(threading.Thread(target=body, args=(slot, called)))
-        threads[-1].start()
-        called.wait()
-    done.set()
+    try:
+        for slot in range(4):
+            called = threading.Event()
+            threads.append(Threads([lambda slot=slot, called=called: body(slot, called)], f"MOD caller {slot}"))
+            wait_for(called, 60, f"MOD caller {slot}'s first call", threads[-1])
+    finally:
+        done.set()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=60)
     assert per_thread == [[0] * 5, [1] * 5, [2] * 5, [0] * 5]
 
 

@@ -20,10 +20,11 @@ import pytest
 from benchmarks.drain_load import drain_under_load
 from recserve.proto import eas_service_pb2_grpc, predict_pb2
 from recserve.wire.codec import decode_response, encode_request
+from tests.server.conftest import UNHURRIED
 
 
 def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):
-    running = launch(json.loads(demo.config_path.read_text()))
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED)
     inputs = demo.sample_inputs(1024, np.random.default_rng(31))
     body = encode_request(inputs, output_filter=["probabilities"])
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
@@ -51,7 +52,7 @@ def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):
 
     def held_body():
         yield body[: len(body) // 2]
-        release.wait()
+        assert release.wait(60), "SIGTERM not sent within 60 s of a held request's first half"
         yield body[len(body) // 2:]
 
     def held_request() -> httpx.Response:
@@ -65,8 +66,10 @@ def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):
         streams = [pool.submit(stream) for _ in range(3)]
         held = [pool.submit(held_request) for _ in range(2)]
         grpc_calls = [stub.Predict.future(grpc_request, timeout=30) for _ in range(3)]
+        deadline = time.monotonic() + 120
         while len(answered) < 6:
             assert all(not s.done() for s in streams), [s.result() for s in streams]
+            assert time.monotonic() < deadline, f"only {len(answered)} of 6 requests answered in 120 s"
             threading.Event().wait(0.01)
         # HTTP/2 keeps frame order: this call's answer shows the server has the others.
         stub.Predict(grpc_request, timeout=30)
@@ -74,11 +77,11 @@ def test_sigterm_finishes_accepted_requests(launch, demo, demo_processor):
 
         running.process.send_signal(signal.SIGTERM)
         release.set()
-        held_responses = [h.result() for h in held]
-        grpc_responses = [c.result() for c in grpc_calls]
+        held_responses = [h.result(timeout=60) for h in held]
+        grpc_responses = [c.result(timeout=60) for c in grpc_calls]
         stop_streams.set()
         for s in streams:
-            s.result()
+            s.result(timeout=60)
 
     assert running.process.wait(60) == 0, running.log()
     channel.close()

@@ -22,6 +22,8 @@ from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
 from recserve.model_store.checkpoint import TableData
 from recserve.wire.codec import decode_response, encode_request
+from tests.server.conftest import UNHURRIED
+from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
                                 reason="worker processes share tables through the native engine")
@@ -131,42 +133,51 @@ def test_updates_and_pins_reach_every_worker(launch, pool_demo):
         np.testing.assert_array_equal(got, pinned)
 
 
+
 def test_killed_worker_is_replaced_while_the_other_answers(launch, demo, demo_processor):
-    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED, workers=2)
     inputs = demo.sample_inputs(8, np.random.default_rng(7))
     body = encode_request(inputs, output_filter=["probabilities"])
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
     results: list[bool] = []
     stop = threading.Event()
 
-    def load() -> None:
+    def load() -> int:
+        requests = 0
         with httpx.Client(timeout=10) as client:
             while not stop.is_set():
+                requests += 1
                 try:
                     response = client.post(f"{running.url}/api/predict/default", content=body)
                     results.append(response.status_code == 200 and np.array_equal(
                         decode_response(response.content)["probabilities"], expected))
                 except httpx.TransportError:
                     results.append(False)  # its connection was on the killed worker
+        return requests
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)
-    victim = worker_pids(running.process.pid)[0]
-    os.kill(victim, signal.SIGKILL)
-    killed_at = time.monotonic()
-    replaced = None
-    while time.monotonic() - killed_at < 10:
-        pids = worker_pids(running.process.pid)
-        if len(pids) == 2 and victim not in pids and httpx.get(f"{running.url}/v2/health/ready").status_code == 200:
-            replaced = time.monotonic() - killed_at
-            break
-        time.sleep(0.05)
-    time.sleep(1.0)
-    stop.set()
-    for thread in threads:
-        thread.join()
+    def answered(count: int, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while len(results) < count:
+            assert time.monotonic() < deadline, f"{len(results)} of {count} requests answered {what} in 120 s"
+            time.sleep(0.05)
+
+    threads = Threads([load] * 4, "HTTP clients")
+    try:
+        answered(100, "before the kill")
+        victim = worker_pids(running.process.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        replaced = None
+        while time.monotonic() - killed_at < 60:
+            pids = worker_pids(running.process.pid)
+            if len(pids) == 2 and victim not in pids and httpx.get(f"{running.url}/v2/health/ready").status_code == 200:
+                replaced = time.monotonic() - killed_at
+                break
+            time.sleep(0.05)
+        answered(len(results) + 100, "after the replacement")
+    finally:
+        stop.set()
+    assert min(threads.join(timeout=60)) > 0
     assert replaced is not None, running.log()
     failed = results.count(False)
     assert len(results) > 200 and failed <= 0.01 * len(results), (failed, len(results))
@@ -176,30 +187,31 @@ def test_killed_worker_is_replaced_while_the_other_answers(launch, demo, demo_pr
 
 
 def test_sigterm_drains_every_worker_and_exits_0(launch, demo, demo_processor):
-    running = launch(json.loads(demo.config_path.read_text()), workers=2)
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED, workers=2)
     inputs = demo.sample_inputs(1024, np.random.default_rng(8))
     body = encode_request(inputs, output_filter=["probabilities"])
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
     release = threading.Event()
 
+    half_sent = threading.Semaphore(0)
+
     def held_body():
         yield body[: len(body) // 2]
-        release.wait()
+        half_sent.release()
+        assert release.wait(60), "SIGTERM not sent within 60 s of a held request's first half"
         yield body[len(body) // 2:]
 
-    results: list[httpx.Response] = []
     # Half-sent requests on fresh connections: the kernel puts them on both workers.
-    threads = [threading.Thread(target=lambda: results.append(
-        httpx.post(f"{running.url}/api/predict/default", content=held_body(), timeout=30))) for _ in range(6)]
-    for thread in threads:
-        thread.start()
+    threads = Threads([lambda: httpx.post(f"{running.url}/api/predict/default", content=held_body(), timeout=60)] * 6,
+                      "held requests")
+    for n in range(6):
+        assert half_sent.acquire(timeout=60), f"{n} of 6 held requests sent their first half in 60 s"
     time.sleep(1.0)  # both workers have read the headers and half the bodies
     workers = worker_pids(running.process.pid)
     running.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     release.set()
-    for thread in threads:
-        thread.join()
+    results = threads.join(timeout=120)
     assert running.process.wait(60) == 0, running.log()
     assert len(results) == 6
     for response in results:

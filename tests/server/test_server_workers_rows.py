@@ -14,7 +14,8 @@ import pytest
 
 from recserve.export import write_delta
 from recserve.wire.codec import decode_response, encode_request
-from tests.server.conftest import write_rows_model
+from tests.server.conftest import UNHURRIED, write_rows_model
+from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
                                 reason="worker processes share tables through the native engine")
@@ -24,15 +25,15 @@ ROWS, DIM = 100_000, 16
 
 def test_no_torn_rows_while_deltas_land(launch, tmp_path):
     config = write_rows_model(tmp_path, ROWS, DIM)
-    running = launch(config, workers=2)
+    running = launch(config | UNHURRIED, workers=2)
     keys = np.arange(ROWS, dtype=np.int64)
     stop = threading.Event()
     torn: list[np.ndarray] = []
     values_seen: set[float] = set()
-    requests = [0]
 
-    def read() -> None:
+    def read() -> int:
         rng = np.random.default_rng(threading.get_ident() % 1000)
+        requests = 0
         while not stop.is_set():
             ids = rng.integers(0, ROWS, 512).astype(np.int64)
             body = encode_request({"ids": ids})
@@ -43,19 +44,19 @@ def test_no_torn_rows_while_deltas_land(launch, tmp_path):
             if mixed.any():
                 torn.append(rows[mixed])
             values_seen.update(np.unique(rows[:, 0]).tolist())
-            requests[0] += 1
+            requests += 1
+        return requests
 
-    readers = [threading.Thread(target=read) for _ in range(3)]
-    for reader in readers:
-        reader.start()
+    readers = Threads([read] * 3, "HTTP readers of the rows")
     version_dir = tmp_path / "checkpoints" / "1"
-    for step in range(2, 14):  # twelve deltas of every row: value = step
-        write_delta(version_dir, {"t": (keys, np.full((ROWS, DIM), float(step), np.float32))}, global_step=step)
-        time.sleep(0.4)
-    stop.set()
-    for reader in readers:
-        reader.join()
+    try:
+        for step in range(2, 14):  # twelve deltas of every row: value = step
+            write_delta(version_dir, {"t": (keys, np.full((ROWS, DIM), float(step), np.float32))}, global_step=step)
+            time.sleep(0.4)
+    finally:
+        stop.set()
+    requests = readers.join(timeout=120)
     assert not torn, f"{sum(len(t) for t in torn)} torn rows, e.g. {torn[0][0]}"
-    assert requests[0] > 30
+    assert min(requests) > 0 and sum(requests) > 30, requests
     # The readers saw the rows change under them: several deltas' values, not one.
     assert len(values_seen - {0.0}) >= 3, (values_seen, running.log())
