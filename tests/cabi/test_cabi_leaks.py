@@ -7,7 +7,9 @@ import ctypes
 import os
 import re
 import shutil
+import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -49,22 +51,36 @@ def test_valgrind_finds_no_definite_leak_in_the_shim(
     requests = [*make_requests(demo, 8, batch=8, min_batch=6, seed=6), b"", b"\xff garbage"]
     expected = [processor.process_python(r) for r in requests]
     log = client.workdir / "valgrind.log"
-    result = client.run(
-        "serve",
-        demo.config_path,
-        client.requests_file("leak.req", requests),
-        client.replies_file("leak.exp", expected),
-        1,
-        1000,
-        wrapper=[
-            "valgrind",
-            "--leak-check=full",
-            "--show-leak-kinds=definite",
-            "--undef-value-errors=no",
-            f"--log-file={log}",
-        ],
-        timeout=300,
-    )
+
+    def run_under_valgrind() -> subprocess.CompletedProcess[str]:
+        return client.run(
+            "serve",
+            demo.config_path,
+            client.requests_file("leak.req", requests),
+            client.replies_file("leak.exp", expected),
+            1,
+            1000,
+            wrapper=[
+                "valgrind",
+                "--leak-check=full",
+                "--show-leak-kinds=definite",
+                "--undef-value-errors=no",
+                f"--log-file={log}",
+            ],
+            timeout=300,
+        )
+
+    result = run_under_valgrind()
+    if result.returncode < 0:
+        # Open finding (RELIABILITY.md, 12): once in ~10 runs, all in the full suite, the host
+        # under valgrind died of SIGBUS inside onnxruntime's Python binding after thousands of
+        # invalid reads there; never reproduced alone. The log is kept and the run repeated
+        # once; the repeat must pass every check below.
+        kept = client.workdir / f"valgrind-signal{-result.returncode}.log"
+        shutil.copyfile(log, kept)
+        warnings.warn(f"the C host under valgrind died of signal {-result.returncode}; log kept in {kept}; "
+                      "running it once more", stacklevel=1)
+        result = run_under_valgrind()
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("sent 1000 mismatched 0 "), result.stdout
     text = log.read_text()
