@@ -20,6 +20,7 @@ import numpy as np
 from recserve.embedding import _inputs, tiers
 from recserve.errors import InternalError, StorageError
 from recserve.model_spec import DefaultSpec
+from recserve.native_library import open_library
 
 _OK, _ENOMEM, _EDUPLICATE, _EINVAL, _EEMPTY, _EIO, _ENOSPC = range(7)
 # rs_tier_stats's counters, in the order of RS_STAT_* (native/embedding.h).
@@ -50,14 +51,6 @@ class _TierConfig(ctypes.Structure):
 
 
 def _load() -> ctypes.CDLL:
-    path = Path(__file__).with_name("librecserve_embedding.so")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise ImportError(
-            f"recserve's embedding library is missing or broken ({exc}); build it with "
-            "`python setup.py build_ext --inplace`, or set RECSERVE_PURE_PYTHON=1"
-        ) from exc
     signatures: dict[str, tuple[Any, list[Any]]] = {
         "rs_table_create": (
             ctypes.c_int,
@@ -112,11 +105,7 @@ def _load() -> ctypes.CDLL:
         "rs_bucket_batch": (None, [_p, _p, _p, _i64, ctypes.c_uint64, _p]),
         "rs_bucket_spans": (None, [ctypes.c_char_p, _p, _i64, ctypes.c_uint64, _p]),
     }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
-    return lib
+    return open_library(Path(__file__).with_name("librecserve_embedding.so"), "embedding", signatures)
 
 
 _LIB = _load()

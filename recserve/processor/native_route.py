@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from recserve.errors import RecserveError
+from recserve.native_library import open_library
 
 if TYPE_CHECKING:
     from recserve.processor.request_route import RequestRoute, _FoldedFeed
@@ -83,29 +84,25 @@ DENSE_RUN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tens
 def _load() -> ctypes.CDLL | None:
     if os.environ.get("RECSERVE_NATIVE_ROUTE") == "0":   # off: every request takes the Python route
         return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
     try:
-        lib = ctypes.CDLL(str(Path(__file__).with_name("librecserve_route.so")))
-    except OSError as exc:
+        return open_library(Path(__file__).with_name("librecserve_route.so"), "native route", {
+            "rs_slot_create": (p, []),
+            "rs_slot_free": (None, [p]),
+            "rs_slot_publish": (None, [p, p, ctypes.c_int32]),
+            "rs_slot_count": (None, [p, ctypes.c_int32]),
+            "rs_slot_counters": (i64, [p, p, i64]),
+            "rs_servable_create": (p, [i64, p, p, p, p]),
+            "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
+            "rs_servable_routes": (i64, [p]),
+            "rs_servable_drain": (ctypes.c_int, [p, i64]),
+            "rs_servable_leases": (i64, [p]),
+            "rs_servable_free": (None, [p]),
+            "rs_route_process": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, p, p]),
+        }, twin=False)
+    except ImportError as exc:
         log.warning("the native request route is unavailable (%s); requests take the Python route", exc)
         return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name, restype, argtypes in (
-        ("rs_slot_create", p, []),
-        ("rs_slot_free", None, [p]),
-        ("rs_slot_publish", None, [p, p, ctypes.c_int32]),
-        ("rs_slot_count", None, [p, ctypes.c_int32]),
-        ("rs_slot_counters", i64, [p, p, i64]),
-        ("rs_servable_create", p, [i64, p, p, p, p]),
-        ("rs_servable_add_route", ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
-        ("rs_servable_routes", i64, [p]),
-        ("rs_servable_drain", ctypes.c_int, [p, i64]),
-        ("rs_servable_leases", i64, [p]),
-        ("rs_servable_free", None, [p]),
-        ("rs_route_process", ctypes.c_int, [p, ctypes.c_char_p, i64, p, p, p]),
-    ):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
 
 
 _LIB = _load()

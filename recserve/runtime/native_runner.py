@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from recserve.errors import InternalError, ModelLoadError, RequestError
+from recserve.native_library import open_library
 from recserve.runtime.providers import ProviderList
 from recserve.runtime.session_options import SessionOptionValues
 
@@ -151,23 +152,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 }
 
 
-def _load() -> ctypes.CDLL:
-    path = Path(__file__).with_name("librecserve_ort.so")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise ImportError(
-            f"recserve's ONNX Runtime runner library is missing or broken ({exc}); build it with "
-            "`python setup.py build_ext --inplace`"
-        ) from exc
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
-    return lib
-
-
-_lib = _load()
+_lib = open_library(Path(__file__).with_name("librecserve_ort.so"), "ONNX Runtime runner", _SIGNATURES, twin=False)
 _env_lock = threading.Lock()
 
 

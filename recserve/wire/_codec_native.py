@@ -25,28 +25,17 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from recserve.native_library import open_library
+
 _SCRATCH_FULL = 3   # RS_CODEC_SCRATCH_FULL; every other failure goes to the generated parser
 _SCRATCH_START, _SCRATCH_MAX = 1 << 12, 1 << 20   # int64 slots; beyond: the generated parser
 _CACHE_LIMIT = 8192
 
 
-def _load() -> ctypes.CDLL:
-    path = Path(__file__).with_name("librecserve_codec.so")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise ImportError(
-            f"recserve's codec library is missing or broken ({exc}); build it with "
-            "`python setup.py build_ext --inplace`, or set RECSERVE_PURE_PYTHON=1"
-        ) from exc
-    for fn in (lib.rs_decode_request, lib.rs_decode_tfs_request):
-        fn.restype = ctypes.c_int64
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_int64]
-    return lib
-
-
-_lib = _load()
+_DECODE = (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                            ctypes.c_void_p, ctypes.c_int64])
+_lib = open_library(Path(__file__).with_name("librecserve_codec.so"), "codec",
+                    {"rs_decode_request": _DECODE, "rs_decode_tfs_request": _DECODE})
 _decode_request = _lib.rs_decode_request
 _decode_tfs_request = _lib.rs_decode_tfs_request
 _VALUES_FULL = 2   # RS_CODEC_VALUES_FULL: only a TF Serving request whose values repeat to fill
