@@ -414,7 +414,7 @@ def describe(route: RequestRoute, concat: InputConcat | None = None) -> tuple[np
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
-        if keys.buckets or keys.vocabulary:
+        if keys.python_only:
             return None   # hash buckets and vocabularies key strings in Python (XXH64 only here)
         ints += [first, stop]
     tasks = plan_layout.tasks
