@@ -76,7 +76,7 @@ class EmbeddingBinding:
     # "vocabulary"): a converted SavedModel's vocabulary columns and Keras StringLookup layers.
     # A string not in it gets `oov_start + Fingerprint64 % oov_buckets` when oov_buckets > 0
     # (num_oov_buckets, num_oov_indices > 1), else `default_id` (-1: dropped, as padding).
-    vocabulary: tuple[str, ...] = ()
+    vocabulary: tuple[str | None, ...] = ()  # None: an id no string has (a gap)
     vocabulary_start: int = 0
     default_id: int = -1
     oov_buckets: int = 0
@@ -179,10 +179,11 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         raise ModelLoadError(f"{where}: 'buckets' goes with 'key_hash' {KEY_HASH_TF!r}")
     vocabulary = raw.get("vocabulary", [])
     if key_hash == KEY_HASH_VOCABULARY:
-        if key_dtype != "string" or not isinstance(vocabulary, list) or not vocabulary or \
-                not all(isinstance(w, str) for w in vocabulary):
+        if key_dtype != "string" or not isinstance(vocabulary, list) or \
+                not any(isinstance(w, str) for w in vocabulary) or \
+                not all(w is None or isinstance(w, str) for w in vocabulary):
             raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_VOCABULARY!r} needs 'key_dtype' \"string\" and "
-                                 "'vocabulary' a non-empty list of strings")
+                                 "'vocabulary' a non-empty list of strings (null: an id no string has)")
     else:
         for key in ("vocabulary", *_VOCABULARY_OPTIONS):
             if key in raw:

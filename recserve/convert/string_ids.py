@@ -9,7 +9,8 @@ The ids path between a string input and its gather holds one of:
   file in the SavedModel's assets/ (line i -> id i + offset). A string not in it gets the
   find's default id, or, when the path also hashes the string (`num_oov_buckets`, Keras
   `num_oov_indices > 1`), `oov_start + Fingerprint64 mod k`, where oov_start is the constant
-  (or the table's size) added to the hash.
+  (or the table's size) added to the hash. A Keras mask token (`where(input == token,
+  mask_id, ids)`) joins the vocabulary at its id; ids no word has are None in the list.
 '' is padding when the path drops it before the lookup (feature columns compare the input
 with '' by `NotEqual`); otherwise (Keras) '' is hashed or looked up like any string.
 What any other pattern would need is refused by name.
@@ -30,8 +31,8 @@ _TABLE_INITS = frozenset({"InitializeTableV2", "LookupTableImportV2", "Initializ
 _ADDS = frozenset({"Add", "AddV2"})
 _WHOLE_LINE, _LINE_NUMBER = -2, -1
 _SUPPORTED = ("supported: categorical_column_with_hash_bucket, categorical_column_with_vocabulary_list/_file "
-              "(default_value or num_oov_buckets), Keras Hashing (no salt) and StringLookup (mask_token None, "
-              "vocabulary list or file, num_oov_indices >= 1)")
+              "(default_value or num_oov_buckets), Keras Hashing (no salt) and StringLookup (vocabulary list, "
+              "num_oov_indices >= 1, mask_token)")
 
 
 def _name(ref: str) -> str:
@@ -67,10 +68,7 @@ def string_ids(graph: Any, path: list[Any], table: str, assets: Mapping[str, str
     """The EmbeddingBinding fields (buckets, vocabulary and its options, empty_is_padding)
     of a string lookup whose ids path (ops computed from the input) is `path`."""
     ops = {op.op for op in path}
-    if "Equal" in ops and any(_is_empty_string_const(graph, ref) or getattr(_through(graph, ref), "op", "") ==
-                              "Placeholder" for op in path if op.op == "Equal" for ref in op.input[:2]):
-        raise ModelLoadError(f"the lookup of {table!r} maps a mask token to its own id (StringLookup's mask_token), "
-                             f"which recserve does not convert yet; {_SUPPORTED}")
+    mask = _mask_token(graph, path, table)
     padding = any(op.op == "NotEqual" and any(_is_empty_string_const(graph, r) for r in op.input[:2]) for op in path)
     hashes = [op for op in path if op.op == "StringToHashBucketFast"]
     finds = [op for op in path if op.op in _FINDS]
@@ -86,6 +84,8 @@ def string_ids(graph: Any, path: list[Any], table: str, assets: Mapping[str, str
     if default is None:
         raise ModelLoadError(f"the vocabulary of {table!r} has a default id that is not a constant ({find.input[2]!r})")
     words, start, size = _vocabulary(graph, find, table, assets)
+    if mask is not None:
+        words, start = _with_token(words, start, *mask, table)
     out: dict[str, Any] = {"vocabulary": words, "vocabulary_start": start, "default_id": default,
                            "empty_is_padding": padding}
     if hashes:
@@ -95,6 +95,38 @@ def string_ids(graph: Any, path: list[Any], table: str, assets: Mapping[str, str
         raise ModelLoadError(f"the vocabulary of {table!r} maps unknown strings to id {default}; recserve converts "
                              "default ids >= -1 (-1: dropped)")
     return out
+
+
+def _mask_token(graph: Any, path: list[Any], table: str) -> tuple[str, int] | None:
+    """Keras StringLookup's mask_token: `where(input == mask_key, mask_value, lookups)`."""
+    for op in path:
+        if op.op != "Equal":
+            continue
+        refs = op.input[:2]
+        nodes = [_through(graph, ref) for ref in refs]
+        if not any(n is not None and n.op == "Placeholder" for n in nodes):
+            continue  # an id compared with a constant (num_oov_indices' -1), not the string input
+        word = next((n for n in nodes if n is not None and n.op == "Const" and n.attr["dtype"].type == 7), None)
+        select = next((c for c in graph.consumers.get(op.name, []) if c.op in ("Select", "SelectV2")), None)
+        value = _int_const(graph, select.input[1]) if select is not None else None
+        if word is None or value is None:
+            raise ModelLoadError(f"the lookup of {table!r} compares its strings with {refs} in a way recserve cannot "
+                                 f"read as a mask token; {_SUPPORTED}")
+        strings = list(word.attr["value"].tensor.string_val) or [b""]
+        return strings[0].decode("utf-8"), value
+    return None
+
+
+def _with_token(words: tuple[str | None, ...], start: int, token: str, token_id: int, table: str
+                ) -> tuple[tuple[str | None, ...], int]:
+    """The vocabulary with `token` at `token_id` too; ids no word has are None."""
+    by_id: dict[int, str | None] = {start + i: w for i, w in enumerate(words)}
+    if by_id.get(token_id) not in (None, token):
+        raise ModelLoadError(f"the lookup of {table!r} gives its mask token {token!r} id {token_id}, "
+                             f"which the vocabulary gives {by_id[token_id]!r} too")
+    by_id[token_id] = token
+    first = min(by_id)
+    return tuple(by_id.get(i) for i in range(first, max(by_id) + 1)), first
 
 
 def _oov_start(graph: Any, hashed: Any, size: int, table: str) -> int:

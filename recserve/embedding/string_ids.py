@@ -20,7 +20,7 @@ class StringKeys:
     or `vocabulary` only). Immutable."""
 
     buckets: int = 0
-    vocabulary: Sequence[str] = ()
+    vocabulary: Sequence[str | None] = ()  # None: an id no string has
     vocabulary_start: int = 0
     default_id: int = -1
     oov_buckets: int = 0
@@ -29,7 +29,8 @@ class StringKeys:
     _index: dict[bytes, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._index.update((word.encode("utf-8"), self.vocabulary_start + i) for i, word in enumerate(self.vocabulary))
+        self._index.update((word.encode("utf-8"), self.vocabulary_start + i) for i, word in enumerate(self.vocabulary)
+                           if word is not None)
         if self.vocabulary and self.empty_is_padding:
             self._index.setdefault(b"", -1)  # '' is padding unless the vocabulary lists it
 

@@ -1,10 +1,10 @@
 """Real Keras (3, TensorFlow backend) for the TF2 SavedModel tests, run as a subprocess
 like tf_model.py (TensorFlow never runs in pytest's process).
 
-    python keras_model.py write OUT export|save|mask
+    python keras_model.py write OUT export|save|mask|integer_lookup
         the model below, written by `model.export(OUT)` (what Keras 3 gives TF Serving
         users) or by `tf.saved_model.save(model, OUT)`; `mask`: a StringLookup with a mask
-        token (exported), which recserve refuses by name
+        token; `integer_lookup`: an IntegerLookup, which recserve refuses by name (exported)
     python keras_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz
         TensorFlow's own predictions (tf.saved_model.load), one batch per request
 
@@ -52,10 +52,20 @@ def build() -> keras.Model:
 
 
 def masked() -> keras.Model:
-    """StringLookup with mask_token='' (not converted yet: the test wants its error)."""
+    """`city` -> StringLookup with mask_token='' ('' -> 0, OOV -> 1, words from 2) -> Embedding 4
+    -> Dense 1."""
+    keras.utils.set_random_seed(8)
     city = keras.Input(shape=(), dtype="string", name="city")
     ids = keras.layers.StringLookup(vocabulary=KERAS_CITIES, mask_token="")(city)
-    return keras.Model({"city": city}, keras.layers.Dense(1)(keras.layers.Embedding(6, 4)(ids)))
+    embedded = keras.layers.Embedding(len(KERAS_CITIES) + 2, 4, embeddings_initializer="normal")(ids)
+    return keras.Model({"city": city}, keras.layers.Dense(1)(embedded))
+
+
+def integer_lookup() -> keras.Model:
+    """`item` int64 -> IntegerLookup -> Embedding (not converted yet: the test wants its error)."""
+    item = keras.Input(shape=(), dtype="int64", name="item")
+    ids = keras.layers.IntegerLookup(vocabulary=[10, 20, 30])(item)
+    return keras.Model({"item": item}, keras.layers.Dense(1)(keras.layers.Embedding(4, 4)(ids)))
 
 
 def predict(savedmodel: str, requests_npz: str, out_npz: str) -> None:
@@ -83,8 +93,8 @@ if __name__ == "__main__":
     if command != "write":
         raise SystemExit(f"unknown command {command!r}")
     out, how = sys.argv[2:4]
-    model = masked() if how == "mask" else build()
-    if how in ("export", "mask"):
+    model = {"mask": masked, "integer_lookup": integer_lookup}.get(how, build)()
+    if how in ("export", "mask", "integer_lookup"):
         model.export(out)
     elif how == "save":
         tf.saved_model.save(model, out)

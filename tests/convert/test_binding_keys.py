@@ -26,7 +26,8 @@ def test_key_hashes_round_trip():
                   {"key_hash": "farmhash64_mod", "buckets": 64, "empty_is_padding": False},
                   {"key_hash": "vocabulary", "vocabulary": ["a"], "vocabulary_start": 3, "oov_buckets": 3},
                   {"key_hash": "vocabulary", "vocabulary": ["a"], "vocabulary_start": 1, "default_id": 0,
-                   "empty_is_padding": False}):
+                   "empty_is_padding": False},
+                  {"key_hash": "vocabulary", "vocabulary": ["", None, "a"], "default_id": 1}):
         spec = parse_model_spec(_spec(**extra))
         assert parse_model_spec(spec.dumps()) == spec
         assert {k: v for k, v in spec.to_json()["embeddings"][0].items() if k in extra} == extra
@@ -42,6 +43,8 @@ def test_key_hashes_round_trip():
     ({"key_hash": "vocabulary", "vocabulary": []}, "'vocabulary' a non-empty list of strings"),
     ({"vocabulary": ["a"]}, "'vocabulary' goes with 'key_hash' 'vocabulary'"),
     ({"default_id": 3}, "'default_id' goes with 'key_hash' 'vocabulary'"),
+    ({"key_hash": "vocabulary", "vocabulary": [None]}, "'vocabulary' a non-empty list of strings (null: an id"),
+    ({"key_hash": "vocabulary", "vocabulary": ["a", 3]}, "'vocabulary' a non-empty list of strings"),
     ({"key_hash": "vocabulary", "vocabulary": ["a"], "default_id": -2}, "'default_id' is -2; it must be an integer >= -1"),
     ({"key_hash": "vocabulary", "vocabulary": ["a"], "oov_buckets": "3"}, "'oov_buckets' is '3'; it must be an integer"),
     ({"empty_is_padding": False}, "false goes with 'key_hash' 'farmhash64_mod' or 'vocabulary'"),
@@ -72,6 +75,8 @@ def test_string_keys_of_keras_and_oov_vocabularies():
     values = np.array(["red", "", "blue", "北京"], dtype=object)
     keras = StringKeys(vocabulary=("red", "北京"), vocabulary_start=1, default_id=0, empty_is_padding=False)
     assert keras.keys(values).tolist() == [1, 0, 0, 2]
+    masked = StringKeys(vocabulary=("", None, "red", "北京"), default_id=1, empty_is_padding=False)
+    assert masked.keys(values).tolist() == [2, 0, 1, 3]  # mask token '' -> 0, unknown -> 1
     oov = StringKeys(vocabulary=("red", "北京"), oov_buckets=3, oov_start=2)
     assert oov.keys(values).tolist() == [0, -1, 2 + fingerprint64(b"blue") % 3, 1]  # '' still padding here
     hashed = StringKeys(buckets=64, empty_is_padding=False)

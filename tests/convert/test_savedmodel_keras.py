@@ -102,11 +102,30 @@ def test_recserve_convert_checks_a_keras_savedmodel(keras_savedmodel, tmp_path, 
                      r"table's end \(Keras's take\); recserve answers zeros for negative ids", report), report
 
 
-def test_an_unconvertible_keras_layer_is_named_with_what_is_supported(tmp_path):
+def test_a_string_lookup_with_a_mask_token_is_converted(tmp_path):
+    """StringLookup(mask_token=''): '' -> 0, unknown -> 1, words from 2 (a vocabulary whose
+    id 1 no string has)."""
     savedmodel = tmp_path / "masked"
     run_tf("write", str(savedmodel), "mask", script="keras_model.py")
+    batches = [{"city": b["city"]} for b in keras_requests(100, 1, 75) + keras_requests(20, 16, 76)]
+    assert sum(w == "" for b in batches for w in b["city"]) > 10
+    want = tf_predict(savedmodel, batches, tmp_path, tf2=True)
+    processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local"})
+    try:
+        (binding,) = processor._model.spec.embeddings
+        assert (binding.vocabulary, binding.vocabulary_start, binding.default_id) == (
+            ("", None, *KERAS_CITIES), 0, 1)
+        worst = max(float(np.abs(processor.predict(b)["output_0"] - w).max()) for b, w in zip(batches, want))
+        assert worst <= TOLERANCE
+    finally:
+        processor.close()
+
+
+def test_an_unconvertible_keras_layer_is_named(tmp_path):
+    savedmodel = tmp_path / "integer_lookup"
+    run_tf("write", str(savedmodel), "integer_lookup", script="keras_model.py")
     with pytest.raises(ModelLoadError) as err:
         load_model_dir(LocalStorage(), str(savedmodel))
     message = err.value.message
-    assert "maps a mask token to its own id (StringLookup's mask_token)" in message, message
-    assert "supported: categorical_column_with_hash_bucket" in message and "StringLookup (mask_token None" in message
+    assert "maps integer ids through" in message and "(an integer vocabulary or IntegerLookup), which recserve " \
+        "does not convert yet; integer ids are converted when they are the keys themselves" in message, message
