@@ -125,8 +125,9 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     dense_inputs = [t for t in inputs.values() if node_name(t) not in bound and node_name(t) in kept]
     both = sorted(node_name(t) for t in inputs.values() if node_name(t) in bound and node_name(t) in kept)
     if both:
-        raise ModelLoadError(f"input(s) {both} feed a lookup and the dense graph too; recserve binds an ids input "
-                             "to its lookup only")
+        raise ModelLoadError(f"input(s) {both} feed a lookup and the dense graph too (Keras: an Embedding with "
+                             "mask_zero=True before a layer that uses the mask); recserve binds an ids input to its "
+                             "lookup only")
     model = to_onnx(dense, lookups, dense_inputs,
                     {graph_outputs[key]: output_name(t) for key, t in outputs.items()}, holds)
     spec = ModelSpec(

@@ -139,6 +139,21 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
         np.savez(out_npz, **results)
 
 
+def _save_small(out: str, inputs: dict[str, tf.Tensor], x: tf.Tensor) -> None:
+    """One hand-written dense layer over `x` -> `prob`, saved by SavedModelBuilder with the
+    tables' initializer as main_op and the graph's asset files (vocabulary files)."""
+    kernel = tf1.get_variable("dense/kernel", [int(x.shape[1]), 1], initializer=tf1.glorot_uniform_initializer())
+    prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
+    with tf1.Session() as sess:
+        sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
+        builder = tf1.saved_model.Builder(out)
+        builder.add_meta_graph_and_variables(
+            sess, ["serve"], main_op=tf1.tables_initializer(),
+            assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS),
+            signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
+        builder.save()
+
+
 def write_vocab(out: str) -> None:
     """A SavedModel with vocabulary-list columns: `color` (single string, dim 4) and `words`
     (3 strings per sample, '' padded, mean: unknown words are dropped, not averaged in),
@@ -161,15 +176,7 @@ def write_vocab(out: str) -> None:
             fc.numeric_column("x")])
         x = tf.concat([columns, tf.reduce_sum(tf.nn.embedding_lookup(slots, slot), axis=1)], axis=1)
         inputs["slot"] = slot
-        kernel = tf1.get_variable("dense/kernel", [14, 1], initializer=tf1.glorot_uniform_initializer())
-        prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
-        with tf1.Session() as sess:
-            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
-            builder = tf1.saved_model.Builder(out)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], main_op=tf1.tables_initializer(),
-                signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
-            builder.save()
+        _save_small(out, inputs, x)
 
 
 def write_vocab_oov(out: str) -> None:
@@ -199,16 +206,7 @@ def write_vocab_oov(out: str) -> None:
             fc.embedding_column(fc.categorical_column_with_vocabulary_file("city", vocab_file, num_oov_buckets=2), 4,
                                 initializer=normal),
             fc.numeric_column("x")])
-        kernel = tf1.get_variable("dense/kernel", [15, 1], initializer=tf1.glorot_uniform_initializer())
-        prob = tf.sigmoid(tf.reshape(tf.matmul(columns, kernel), [-1]), name="prob")
-        with tf1.Session() as sess:
-            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
-            builder = tf1.saved_model.Builder(out)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], main_op=tf1.tables_initializer(),
-                assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS),
-                signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
-            builder.save()
+        _save_small(out, inputs, columns)
     os.remove(vocab_file)
 
 
@@ -224,16 +222,7 @@ def write_shared(out: str) -> None:
         shared = fc.shared_embedding_columns([fc.categorical_column_with_identity("clicked", 100),
                                               fc.categorical_column_with_identity("bought", 100)], 4,
                                              initializer=tf1.random_normal_initializer(stddev=1.0))
-        columns = fc.input_layer(inputs, [*shared, fc.numeric_column("x")])
-        kernel = tf1.get_variable("dense/kernel", [9, 1], initializer=tf1.glorot_uniform_initializer())
-        prob = tf.sigmoid(tf.reshape(tf.matmul(columns, kernel), [-1]), name="prob")
-        with tf1.Session() as sess:
-            sess.run(tf1.global_variables_initializer())
-            builder = tf1.saved_model.Builder(out)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"],
-                signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
-            builder.save()
+        _save_small(out, inputs, fc.input_layer(inputs, [*shared, fc.numeric_column("x")]))
 
 
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
