@@ -3,7 +3,7 @@ vocabulary's index (see the package docstring)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,38 +11,59 @@ import numpy as np
 __all__ = ["StringKeys"]
 
 
+_MISSING = -2  # "not in the vocabulary" while keys are computed: ids are >= 0 and padding is -1
+
+
 @dataclass(frozen=True)
 class StringKeys:
     """`buckets` > 0: StringToHashBucketFast; `vocabulary`: the string's index in it plus
-    `vocabulary_start`; a string not in it gets `oov_start + Fingerprint64 % oov_buckets`
-    when `oov_buckets` > 0, else `default_id` (-1: padding); else XXH64. '' is padding (-1)
-    unless `empty_is_padding` is False (then hashed or looked up like any string; `buckets`
-    or `vocabulary` only). Immutable."""
+    `vocabulary_start` (None entries: ids no string has); a string not in it gets
+    `oov_start + Fingerprint64 % oov_buckets` when `oov_buckets` > 0, else `default_id`
+    (-1: padding); else XXH64. '' is padding (-1) unless the vocabulary lists it or
+    `empty_is_padding` is False (then hashed or looked up like any string; `buckets` or
+    `vocabulary` only). Immutable.
+
+    A vocabulary is looked up natively: each string's XXH64 (the native batch hash) is
+    searched among the words' sorted XXH64s, so a string is taken for a word when their
+    64-bit hashes are equal (the words' own hashes are checked distinct here; a vocabulary
+    whose words collide is looked up by bytes in Python instead)."""
 
     buckets: int = 0
-    vocabulary: Sequence[str | None] = ()  # None: an id no string has
+    vocabulary: Sequence[str | None] = ()
     vocabulary_start: int = 0
     default_id: int = -1
     oov_buckets: int = 0
     oov_start: int = 0
     empty_is_padding: bool = True
     _index: dict[bytes, int] = field(default_factory=dict, compare=False, repr=False)
+    _sorted: list[np.ndarray] = field(default_factory=list, compare=False, repr=False)  # [hashes, ids] or []
 
     def __post_init__(self) -> None:
+        from recserve.embedding import string_keys
+
         self._index.update((word.encode("utf-8"), self.vocabulary_start + i) for i, word in enumerate(self.vocabulary)
                            if word is not None)
         if self.vocabulary and self.empty_is_padding:
             self._index.setdefault(b"", -1)  # '' is padding unless the vocabulary lists it
+        words = [w for w in self._index if w]
+        if words:
+            hashes = string_keys(np.array(words, dtype=object))
+            order = np.argsort(hashes, kind="stable")
+            hashes = hashes[order]
+            if not (hashes[1:] == hashes[:-1]).any():
+                ids = np.array([self._index[w] for w in words], dtype=np.int64)[order]
+                self._sorted.extend([hashes, ids])
 
     @property
     def python_only(self) -> bool:
         """Keys computed here in Python (the native request route hashes XXH64 only)."""
         return bool(self.buckets or self.vocabulary or not self.empty_is_padding)
 
-    def _empty_key(self) -> int:
+    @staticmethod
+    def _empty_key(buckets: int) -> int:
         from recserve.embedding._purekeys import fingerprint64
 
-        return fingerprint64(b"") % self.buckets
+        return fingerprint64(b"") % buckets
 
     def keys(self, values: np.ndarray) -> np.ndarray:
         """int64 keys of an array of strings (str or bytes), same shape."""
@@ -51,23 +72,45 @@ class StringKeys:
         if not self.vocabulary:
             keys = string_keys(values.ravel(), self.buckets)
             if not self.empty_is_padding:
-                keys[keys == -1] = self._empty_key()  # only '' is -1: hashes are >= 0
+                keys[keys == -1] = self._empty_key(self.buckets)  # only '' is -1: hashes are >= 0
             return keys.reshape(values.shape)
-        flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values.ravel().tolist()]
-        return self._vocabulary_keys(flat).reshape(values.shape)
+        flat = values.ravel()
+        if self._sorted:
+            ids = self._found(string_keys(flat))
+            self._unknown(ids, lambda at, buckets: string_keys(flat[at], buckets))
+            return ids.reshape(values.shape)
+        words = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in flat.tolist()]
+        return self._looked_up(words).reshape(values.shape)
 
-    def _vocabulary_keys(self, words: list[bytes]) -> np.ndarray:
-        index = self._index
-        if not self.oov_buckets:
-            default = self.default_id
-            return np.array([index.get(b, default) for b in words], dtype=np.int64)
-        from recserve.embedding._purekeys import fingerprint64
-
-        missing = -2  # no word's id: vocabulary ids are >= 0 and padding is -1
-        out = np.array([index.get(b, missing) for b in words], dtype=np.int64)
-        for i in np.flatnonzero(out == missing).tolist():
-            out[i] = self.oov_start + fingerprint64(words[i]) % self.oov_buckets  # '' too, when not padding
+    def _found(self, hashes: np.ndarray) -> np.ndarray:
+        """Ids of the strings whose XXH64 is a word's; '' (hash -1) by the index; else _MISSING."""
+        sorted_hashes, ids = self._sorted
+        at = np.minimum(np.searchsorted(sorted_hashes, hashes), len(sorted_hashes) - 1)
+        out = np.where(sorted_hashes[at] == hashes, ids[at], _MISSING)
+        out[hashes == -1] = self._index.get(b"", _MISSING)
         return out
+
+    def _unknown(self, ids: np.ndarray, bucket: Callable[[np.ndarray, int], np.ndarray]) -> None:
+        """_MISSING ids -> their OOV bucket (`bucket(positions, k)`: Fingerprint64 mod k of
+        those strings, '' as -1) or the default id, in place."""
+        at = np.flatnonzero(ids == _MISSING)
+        if not len(at):
+            return
+        if not self.oov_buckets:
+            ids[at] = self.default_id
+            return
+        hashed = bucket(at, self.oov_buckets)
+        hashed[hashed == -1] = self._empty_key(self.oov_buckets)  # '' reaches here only when it is not padding
+        ids[at] = self.oov_start + hashed
+
+    def _looked_up(self, words: list[bytes]) -> np.ndarray:
+        """By bytes, in Python (a vocabulary whose words share an XXH64)."""
+        from recserve.embedding import string_keys
+
+        ids = np.array([self._index.get(b, _MISSING) for b in words], dtype=np.int64)
+        self._unknown(ids, lambda at, buckets: string_keys(np.array([words[i] for i in at.tolist()], dtype=object),
+                                                           buckets))
+        return ids
 
     def keys_at(self, data: bytes, spans: np.ndarray) -> None:
         """The request parser's (start, length) pairs -> keys, in place (string_keys_at)."""
@@ -78,7 +121,21 @@ class StringKeys:
             string_keys_at(data, spans, self.buckets)
             if not self.empty_is_padding:
                 head = spans[:n]
-                head[head == -1] = self._empty_key()
+                head[head == -1] = self._empty_key(self.buckets)
             return
-        pairs = spans.tolist()
-        spans[:n] = self._vocabulary_keys([data[s:s + k] for s, k in zip(pairs[0::2], pairs[1::2])])
+        if not self._sorted:
+            pairs = spans.tolist()
+            spans[:n] = self._looked_up([data[s:s + k] for s, k in zip(pairs[0::2], pairs[1::2])])
+            return
+        pairs = spans.copy()
+
+        def bucket(at: np.ndarray, buckets: int) -> np.ndarray:
+            chosen = np.ascontiguousarray(pairs.reshape(-1, 2)[at]).reshape(-1)
+            string_keys_at(data, chosen, buckets)
+            return chosen[:len(at)]
+
+        hashes = spans.copy()
+        string_keys_at(data, hashes, 0)
+        ids = self._found(hashes[:n])
+        self._unknown(ids, bucket)
+        spans[:n] = ids

@@ -1,10 +1,11 @@
 """Real Keras (3, TensorFlow backend) for the TF2 SavedModel tests, run as a subprocess
 like tf_model.py (TensorFlow never runs in pytest's process).
 
-    python keras_model.py write OUT export|save|mask|integer_lookup
+    python keras_model.py write OUT export|save|mask|integer_lookup|module
         the model below, written by `model.export(OUT)` (what Keras 3 gives TF Serving
         users) or by `tf.saved_model.save(model, OUT)`; `mask`: a StringLookup with a mask
-        token; `integer_lookup`: an IntegerLookup, which recserve refuses by name (exported)
+        token; `integer_lookup`: an IntegerLookup, which recserve refuses by name (exported);
+        `module`: a tf.Module without Keras (_Ranker) saved by tf.saved_model.save
     python keras_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz
         TensorFlow's own predictions (tf.saved_model.load), one batch per request
 
@@ -68,6 +69,29 @@ def integer_lookup() -> keras.Model:
     return keras.Model({"item": item}, keras.layers.Dense(1)(keras.layers.Embedding(4, 4)(ids)))
 
 
+class _Ranker(tf.Module):
+    """A TF2 model without Keras: tf.Variables looked up by tf.nn.embedding_lookup
+    (ResourceGather on the captured handle, as Keras 2's Embedding layer does), strings
+    hashed by tf.strings.to_hash_bucket_fast ('' hashed like any string)."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        super().__init__()
+        rng = np.random.default_rng(9)
+        self.item = tf.Variable(rng.normal(size=(KERAS_ITEM_ROWS, 8)).astype(np.float32), name="item_emb")
+        self.city = tf.Variable(rng.normal(size=(16, 4)).astype(np.float32), name="city_emb")
+        self.kernel = tf.Variable((rng.normal(size=(13, 1)) * 0.3).astype(np.float32), name="kernel")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="item"),
+                                  tf.TensorSpec([None], tf.string, name="city"),
+                                  tf.TensorSpec([None, 1], tf.float32, name="age")])
+    def serve(self, item: tf.Tensor, city: tf.Tensor, age: tf.Tensor) -> dict[str, tf.Tensor]:
+        x = tf.concat([tf.nn.embedding_lookup(self.item, item),
+                       tf.nn.embedding_lookup(self.city, tf.strings.to_hash_bucket_fast(city, 16)), age], axis=1)
+        return {"prob": tf.sigmoid(tf.matmul(x, self.kernel))}
+
+
 def predict(savedmodel: str, requests_npz: str, out_npz: str) -> None:
     """TensorFlow's `tf.saved_model.load` signature on each request (a session-style load
     cannot run what Keras 3's tf.saved_model.save writes: its restore op fills copies of the
@@ -93,6 +117,10 @@ if __name__ == "__main__":
     if command != "write":
         raise SystemExit(f"unknown command {command!r}")
     out, how = sys.argv[2:4]
+    if how == "module":
+        ranker = _Ranker()
+        tf.saved_model.save(ranker, out, signatures={"serving_default": ranker.serve})
+        sys.exit(0)
     model = {"mask": masked, "integer_lookup": integer_lookup}.get(how, build)()
     if how in ("export", "mask", "integer_lookup"):
         model.export(out)

@@ -88,3 +88,29 @@ def test_string_keys_of_keras_and_oov_vocabularies():
     spans = np.array([0, 3, 3, 0, 3, 4], dtype=np.int64)
     keras.keys_at(data, spans)
     assert spans[:3].tolist() == [1, 0, 0]
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"default_id": 0, "vocabulary_start": 1, "empty_is_padding": False}, {"oov_buckets": 5, "oov_start": 40},
+    {"oov_buckets": 3, "empty_is_padding": False}, {"vocabulary": ("", None, "w1", "w2"), "default_id": 1,
+                                                    "empty_is_padding": False},
+])
+def test_vocabularies_looked_up_by_hash_and_by_bytes_agree(options):
+    """The native path (XXH64 + sorted search) and the by-bytes one (kept for vocabularies
+    whose words share an XXH64) give the same ids, for arrays and for the parser's spans."""
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(30)] + ["北京", ""]
+    values = np.array([words[rng.integers(len(words))] if rng.random() < 0.7 else f"other{rng.integers(1000)}"
+                       for _ in range(400)], dtype=object)
+    fast = StringKeys(**{"vocabulary": tuple(f"w{i}" for i in range(30)) + ("北京",), **options})
+    slow = StringKeys(**{"vocabulary": tuple(f"w{i}" for i in range(30)) + ("北京",), **options})
+    slow._sorted.clear()  # as when two words share an XXH64
+    assert fast._sorted and fast.keys(values).tolist() == slow.keys(values).tolist()
+    encoded = [v.encode() for v in values]
+    data = b"".join(encoded)
+    starts = np.cumsum([0] + [len(b) for b in encoded[:-1]])
+    spans = np.column_stack([starts, [len(b) for b in encoded]]).astype(np.int64).reshape(-1)
+    fast_spans, slow_spans = spans.copy(), spans.copy()
+    fast.keys_at(data, fast_spans)
+    slow.keys_at(data, slow_spans)
+    assert fast_spans[:400].tolist() == slow_spans[:400].tolist() == fast.keys(values).tolist()

@@ -129,3 +129,25 @@ def test_an_unconvertible_keras_layer_is_named(tmp_path):
     message = err.value.message
     assert "maps integer ids through" in message and "(an integer vocabulary or IntegerLookup), which recserve " \
         "does not convert yet; integer ids are converted when they are the keys themselves" in message, message
+
+
+def test_a_tf_module_saved_by_tf_saved_model_save_is_converted(tmp_path):
+    """A TF2 model without Keras (keras_model._Ranker): ResourceGather on captured variable
+    handles (Keras 2's Embedding does the same), strings hashed by to_hash_bucket_fast ('' too);
+    within 1e-5 of TensorFlow's session.run (what TF Serving runs) and of tf.saved_model.load."""
+    savedmodel = tmp_path / "module"
+    run_tf("write", str(savedmodel), "module", script="keras_model.py")
+    batches = [{"item": b["item"], "city": b["query"], "age": b["age"]}
+               for b in keras_requests(100, 1, 77) + keras_requests(20, 16, 78)]
+    session_run = tf_predict(savedmodel, batches, tmp_path)
+    loaded = tf_predict(savedmodel, batches, tmp_path, tf2=True)
+    processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local"})
+    try:
+        bindings = {b.input: b for b in processor._model.spec.embeddings}
+        assert {(b.table, b.buckets, b.empty_is_padding) for b in bindings.values()} == {
+            ("item_emb", 0, True), ("city_emb", 16, False)}
+        for want in (session_run, loaded):
+            worst = max(float(np.abs(processor.predict(b)["prob"] - w).max()) for b, w in zip(batches, want))
+            assert worst <= TOLERANCE
+    finally:
+        processor.close()
