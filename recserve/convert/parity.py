@@ -111,7 +111,11 @@ class _TensorFlowRun:
             self._session.close()
 
 
-def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n: int) -> ParityReport:
+def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n: int,
+                 padded: Mapping[str, bool] | None = None) -> ParityReport:
+    """TensorFlow vs the converted dir on `n` synthesized requests. `padded`: ids input ->
+    whether the graph drops id -1 (the conversion's Lookup.padded); absent: where the
+    binding pools."""
     import tensorflow as tf
 
     from recserve.convert.savedmodel import read_signature
@@ -129,8 +133,10 @@ def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n
         processor = Processor({"savedmodel_dir": converted_dir, "model_store_type": "local",
                                "signature_name": signature_name})
         lookups = {b.input: b for b in processor._model.spec.embeddings}
-        # -1 is padding where the lookup pools (feature columns drop it); a plain gather rejects it.
-        table_rows = {name: (_rows(b.table, rows), -1 if b.combiner != "none" else 0) for name, b in lookups.items()}
+        # -1 is padding where the graph pools (feature columns drop it); a plain gather rejects it
+        # (or, in Keras, reads the last row), even when the engine pools what follows it.
+        drops = padded if padded is not None else {name: b.combiner != "none" for name, b in lookups.items()}
+        table_rows = {name: (_rows(b.table, rows), -1 if drops.get(name) else 0) for name, b in lookups.items()}
         requests = synthesize_requests(reference.signature, table_rows, n)
         keys = reference.keys
         worst, worst_request = 0.0, {}

@@ -76,6 +76,7 @@ class Lookup:
     # empty_is_padding (string_ids.py); empty: int64 ids are the keys.
     ids_options: Mapping[str, Any] = field(default_factory=dict)
     rank: int = 2              # of the cut tensor: [batch, dim] pooled, ids' rank + 1 unpooled
+    padded: bool = False       # the graph drops id -1 (SparseSegment pooling); else a gather reads it
 
 
 class ServingGraph:
@@ -156,15 +157,39 @@ def _forward(graph: ServingGraph, start: Any, allowed: frozenset[str], limit: in
 _RESHAPES = frozenset({"Identity", "Reshape"})
 
 
-def _unpooled_cut(graph: ServingGraph, start: Any, allowed: frozenset[str]) -> str:
-    """A lookup without pooling is cut right after its gather (or stitch), past reshapes
-    only: whatever else follows (a mean over a sequence, ...) stays in the dense graph."""
-    node = start
+_FOLDED_REDUCTIONS = {"Mean": "mean", "Sum": "sum"}
+
+
+def _unpooled_cut(graph: ServingGraph, start: Any, allowed: frozenset[str], ids_rank: int) -> tuple[str, str]:
+    """(cut, combiner) of a lookup without pooling: cut right after its gather (or stitch),
+    past reshapes only: whatever else follows (a mean over a sequence, ...) stays in the dense
+    graph — except a Mean or Sum over the sequence axis of [batch, L] ids right after the
+    gather (Keras's GlobalAveragePooling1D), which the engine pools itself (combiner mean/sum:
+    the same rows, added in id order)."""
+    node, reshaped = start, False
     while True:
         following = [c for c in graph.consumers.get(node.name, []) if c.name in graph.needed]
+        if len(following) == 1 and not reshaped and ids_rank == 2 and following[0].op in _FOLDED_REDUCTIONS:
+            reduce = following[0]
+            axis = _int_value(graph, reduce.input[1])
+            if axis in (1, -2) and not reduce.attr["keep_dims"].b and node_name(reduce.input[0]) == node.name:
+                return tensor_name(reduce.name), _FOLDED_REDUCTIONS[reduce.op]
         if len(following) != 1 or following[0].op not in _RESHAPES or not graph.sources(following[0].name) <= allowed:
-            return tensor_name(node.name)
+            return tensor_name(node.name), "none"
+        reshaped = reshaped or following[0].op != "Identity"
         node = following[0]
+
+
+def _int_value(graph: ServingGraph, ref: str) -> int | None:
+    """A scalar (or one-element) integer constant `ref` holds, through Identity nodes."""
+    node = graph.nodes.get(node_name(ref))
+    while node is not None and node.op == "Identity":
+        node = graph.nodes.get(node_name(node.input[0]))
+    if node is None or node.op != "Const":
+        return None
+    tensor = node.attr["value"].tensor
+    values = list(tensor.int_val) or list(tensor.int64_val)
+    return values[0] if len(values) == 1 else None
 
 
 def _cut(graph: ServingGraph, start: Any, allowed: frozenset[str], table: str) -> str:
@@ -242,7 +267,7 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         kinds = {op.op for op in path}
         if not is_string and {"Less", "SelectV2"} <= kinds and kinds & {"Add", "AddV2"}:  # where(i<0, i+rows, i)
             warnings.append(f"the lookup of {table!r} reads a negative id as counted from the table's end (Keras's "
-                            "take); recserve answers zeros for negative ids")
+                            "take); recserve answers zeros for negative ids (padding, left out of a pooled mean)")
         elif any(op.op == "LogicalAnd" for op in path) and any(op.op in ("Select", "SelectV2") for op in path):
             warnings.append(f"the lookup of {table!r} replaces ids outside its range by a default id "
                             "(categorical_column_with_identity's default_value); recserve answers zeros for them")
@@ -256,12 +281,15 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         rows = None if ev else sum(s[0] for s in shapes)
         combiner = POOLING.get(start.op, "none")
         allowed = frozenset({ids[0], *(v.name for v in variables)})
+        if combiner != "none":
+            cut = _cut(graph, start, allowed, table)
+        else:
+            cut, combiner = _unpooled_cut(graph, start, allowed, _rank(placeholders[ids[0]]))
         lookups.append(Lookup(
             input=ids[0], table=table, parts=tuple(v.name for v in _in_part_order(variables)), dim=dim, rows=rows,
             combiner=combiner, key_dtype="string" if is_string else "int64", ids_options=ids_options,
-            cut=_cut(graph, start, allowed, table) if combiner != "none" else _unpooled_cut(graph, start, allowed),
-            embedding_variable=ev, rank=_rank(placeholders[ids[0]]) + 1
-            if combiner == "none" else 2))
+            cut=cut, embedding_variable=ev, rank=_rank(placeholders[ids[0]]) + 1 if combiner == "none" else 2,
+            padded=start.op in POOLING))
     inputs = [lk.input for lk in lookups]
     twice = sorted({i for i in inputs if inputs.count(i) > 1})
     if twice:

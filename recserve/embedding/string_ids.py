@@ -12,6 +12,9 @@ __all__ = ["StringKeys"]
 
 
 _MISSING = -2  # "not in the vocabulary" while keys are computed: ids are >= 0 and padding is -1
+# Up to this many strings a dict lookup by bytes is quicker than the native hash and search
+# (numpy's fixed cost per call dominates a batch-1 request).
+_FEW = 8
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class StringKeys:
     A vocabulary is looked up natively: each string's XXH64 (the native batch hash) is
     searched among the words' sorted XXH64s, so a string is taken for a word when their
     64-bit hashes are equal (the words' own hashes are checked distinct here; a vocabulary
-    whose words collide is looked up by bytes in Python instead)."""
+    whose words collide, and a call of at most _FEW strings, are looked up by bytes instead)."""
 
     buckets: int = 0
     vocabulary: Sequence[str | None] = ()
@@ -75,7 +78,7 @@ class StringKeys:
                 keys[keys == -1] = self._empty_key(self.buckets)  # only '' is -1: hashes are >= 0
             return keys.reshape(values.shape)
         flat = values.ravel()
-        if self._sorted:
+        if self._sorted and len(flat) > _FEW:
             ids = self._found(string_keys(flat))
             self._unknown(ids, lambda at, buckets: string_keys(flat[at], buckets))
             return ids.reshape(values.shape)
@@ -123,7 +126,7 @@ class StringKeys:
                 head = spans[:n]
                 head[head == -1] = self._empty_key(self.buckets)
             return
-        if not self._sorted:
+        if not self._sorted or n <= _FEW:
             pairs = spans.tolist()
             spans[:n] = self._looked_up([data[s:s + k] for s, k in zip(pairs[0::2], pairs[1::2])])
             return

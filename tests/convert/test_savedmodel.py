@@ -229,7 +229,8 @@ def test_vocabulary_list_columns_are_converted(tmp_path):
     """categorical_column_with_vocabulary_list (HashTableV2 + LookupTableFindV2): a string's id
     is its index; unknown strings are dropped like '' (TF prunes their -1), so a mean over
     [known, unknown] is the known row alone. Beside them, a plain tf.nn.embedding_lookup
-    whose [batch, 2, dim] rows the dense graph sums itself (cut right after the gather)."""
+    whose [batch, 2, dim] rows the graph sums over the slots: the engine pools that sum
+    itself (combiner sum, cut after the reduce_sum)."""
     savedmodel = tmp_path / "vocab"
     run_tf("vocab", str(savedmodel))
     batches = vocab_requests(100, 1, 61) + vocab_requests(60, 8, 62)
@@ -238,7 +239,7 @@ def test_vocabulary_list_columns_are_converted(tmp_path):
     try:
         bindings = {b.input: b for b in processor._model.spec.embeddings}
         assert {k: len(b.vocabulary) for k, b in bindings.items()} == {"color": 4, "words": 50, "slot": 0}
-        assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "none")
+        assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "sum")
         assert _worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
