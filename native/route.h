@@ -62,6 +62,8 @@ typedef struct rs_servable rs_servable;
 typedef int (*rs_lookup_at_fn)(const rs_lookup_task* tasks, int64_t n_tasks, const int64_t* ids_base,
                                float* out_base);
 typedef void (*rs_xxh64_spans_fn)(const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out);
+typedef void (*rs_bucket_spans_fn)(const uint8_t* data, const int64_t* spans, int64_t n, uint64_t buckets,
+                                   int64_t* out);
 
 RS_ROUTE_API rs_route_slot* rs_slot_create(void);
 /* Only after rs_slot_publish(slot, NULL, ...): no request can be inside it then. */
@@ -73,9 +75,19 @@ RS_ROUTE_API void rs_slot_count(rs_route_slot* slot, int32_t reason);
 /* Copies up to cap counters (RS_COUNTERS) into out; returns RS_COUNTERS. */
 RS_ROUTE_API int64_t rs_slot_counters(rs_route_slot* slot, int64_t* out, int64_t cap);
 
-/* A version with no routes yet; run(runner, ...) runs its dense graph. One lease: the owner's. */
+/* A version with no routes yet; run(runner, ...) runs its dense graph; string ids are keyed by
+ * the engine's xxh64_spans / bucket_spans (rs_xxh64_spans, rs_bucket_spans) or a vocabulary
+ * of the servable's. One lease: the owner's. */
 RS_ROUTE_API rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner,
-                                             rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans);
+                                             rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans,
+                                             rs_bucket_spans_fn bucket_spans);
+/* Builds a vocabulary (route_vocabulary.h: n words back to back in `words`, word i of
+ * lengths[i] bytes keyed indices[i]) that the servable owns and frees with itself. Returns its
+ * handle, which route descriptions name, or 0 when out of memory / malformed. Callers
+ * serialise it with rs_servable_add_route's that name it (the handle must exist first);
+ * requests never read the list. */
+RS_ROUTE_API int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
+                                                const int64_t* indices, int64_t n);
 /* Compiles a route from its description (native_route.py writes it: ints[n_ints] and a blob of
  * NUL-terminated names) for requests whose layout bytes equal key[key_size]. 0, or -1 when the
  * description is malformed, 1 when the table is full or the key is already there. */

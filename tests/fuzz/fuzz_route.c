@@ -3,7 +3,8 @@
  * Input: byte 0 seeds the route's choices; the rest is a PredictRequest. When the codec
  * accepts the request, the harness compiles a route for its layout the way
  * recserve.processor.native_route does (id inputs of rank 1-2 looked up in a table with a
- * combiner the seed picks, string ids hashed in place first, float and integer inputs fed as
+ * combiner the seed picks, string ids keyed in place first (XXH64, hash buckets or the
+ * servable's vocabulary, as the seed picks), float and integer inputs fed as
  * dense inputs of a type the seed picks), registers it with a servable and serves the same
  * bytes through rs_route_process, with a dense runner written here (one float32 output per
  * input: the sum of its values; an int64 output of the input count; a bool one). Checks:
@@ -29,6 +30,7 @@
 static rs_table* tables[2];
 static rs_route_slot* slot;
 static rs_servable* current;
+static int64_t current_vocabulary; /* its handle in `current` */
 static int served_inputs;
 
 /* ---- the dense runner: deterministic outputs from the inputs, no model ---------------- */
@@ -99,8 +101,18 @@ static void setup(void) {
     CHECK(slot);
 }
 
+/* A vocabulary per servable (freed with it): short words, one listed twice, '' (padding
+ * whatever it is given), bytes that are not UTF-8 -- keys 0..7, some of them table keys. */
+static int64_t add_vocabulary(rs_servable* s) {
+    static const uint8_t words[] = "abc" "\xe5\x8c\x97" "\xff\xfe" "abc" "zz";
+    static const int64_t lengths[] = {1, 2, 3, 2, 0, 1, 2}, indices[] = {0, 1, 2, 3, 4, 7, 100};
+    int64_t handle = rs_servable_add_vocabulary(s, words, lengths, indices, 7);
+    CHECK(handle != 0);
+    return handle;
+}
+
 static rs_servable* fresh(void) {
-    rs_servable* s = rs_servable_create(++served_inputs, run, NULL, rs_lookup_at, rs_xxh64_spans);
+    rs_servable* s = rs_servable_create(++served_inputs, run, NULL, rs_lookup_at, rs_xxh64_spans, rs_bucket_spans);
     CHECK(s);
     return s;
 }
@@ -175,7 +187,7 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
             return -1;
     }
     CHECK(p == end);
-    put(d, 1);
+    put(d, 2); /* the description's format (ROUTE_FORMAT) */
     put(d, count && in[0].ndims ? in[0].dims[0] : 1);
     int64_t strings = 0;
     for (uint64_t i = 0; i < count; i++)
@@ -185,6 +197,9 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
         if (in[i].out == RS_CODEC_OUT_STRING && in[i].bound) {
             put(d, (int64_t)in[i].slot);
             put(d, (int64_t)(in[i].slot + 2 * in[i].values));
+            int key = (seed + (int)i) % 3; /* KEY_XXH64, KEY_BUCKETS, KEY_VOCABULARY in route.c */
+            put(d, key);
+            put(d, key == 0 ? 0 : key == 1 ? 1 + seed * 37 : current_vocabulary);
         }
     int64_t tasks = 0, arena = 0;
     for (uint64_t i = 0; i < count; i++)
@@ -271,6 +286,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     memcpy(request, data + 1, (size_t)n);
     if (!current || served_inputs % 64 == 0) {
         rs_servable* next = fresh();
+        current_vocabulary = add_vocabulary(next);
         rs_slot_publish(slot, next, RS_FALLBACK_NO_SERVABLE);
         if (current) {
             CHECK(rs_servable_drain(current, 1000) == 0);
