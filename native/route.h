@@ -31,7 +31,11 @@
 enum {
     RS_FALLBACK_NO_SERVABLE = 0,  /* nothing published: no version yet, or the version is not native */
     RS_FALLBACK_PARSE,            /* the C parser declined the bytes (the generated parser decides) */
-    RS_FALLBACK_ROUTE_MISS,       /* the layout has no native route (yet, or it cannot have one) */
+    RS_FALLBACK_ROUTE_MISS,       /* the layout has no native route: its first request (Python
+                                     registers it), or a layout that cannot have one (a dense
+                                     input of float16, complex or strings; a Concat the route
+                                     cannot fold; a vocabulary not built for want of memory:
+                                     native_route.describe lists them) */
     RS_FALLBACK_LOOKUP,           /* the engine lookup failed */
     RS_FALLBACK_RUN,              /* the dense run failed (Python reruns it and owns the message) */
     RS_FALLBACK_OUTPUT,           /* an output the native encoder does not write */

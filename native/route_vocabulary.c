@@ -14,6 +14,7 @@ typedef struct {
 
 struct rs_vocabulary {
     uint64_t mask;
+    int64_t longest; /* a longer string is no word: not even hashed */
     entry* table;
     uint8_t* words;
 };
@@ -62,6 +63,8 @@ rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths,
         uint64_t hash = rs_fnv1a64(v->words + offset, lengths[i]);
         entry* e = find(v, v->words + offset, lengths[i], hash);
         *e = (entry){hash, offset, lengths[i], indices[i]};
+        if (lengths[i] > v->longest)
+            v->longest = lengths[i];
     }
     return v;
 }
@@ -69,7 +72,7 @@ rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths,
 void rs_vocabulary_spans(const rs_vocabulary* v, const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out) {
     for (int64_t i = 0; i < n; i++) {
         int64_t start = spans[2 * i], length = spans[2 * i + 1];
-        if (!length) {
+        if (!length || length > v->longest) {
             out[i] = -1;
             continue;
         }

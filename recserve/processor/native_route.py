@@ -312,9 +312,13 @@ class NativeServable:
                                                buckets)
         if not self.address:
             raise MemoryError("rs_servable_create failed")
-        # id(StringKeys) -> (it, its native vocabulary's handle): built on the first route
-        # that keys by it, freed with the servable (rs_servable_free).
+        # id(StringKeys) -> (it, its native vocabulary's handle): built here, with the version
+        # (never on a request thread), freed with the servable (rs_servable_free).
         self._vocabularies: dict[int, tuple[StringKeys, int]] = {}
+        for _, bound, _ in servable.plans.values():
+            for _, _, keys in bound:
+                if keys is not None and keys.vocabulary:
+                    self._vocabulary(keys)
         _served_by[self.id] = (servable.version, weakref.ref(servable))
 
     @property
@@ -338,7 +342,7 @@ class NativeServable:
 
     def _vocabulary(self, keys: StringKeys) -> int:
         """The handle of `keys`' vocabulary in this servable (built once); 0 when out of memory.
-        Called under self._lock."""
+        Called while the servable is made, or under self._lock."""
         known = self._vocabularies.get(id(keys))
         if known is not None:
             return known[1]

@@ -132,17 +132,17 @@ def test_a_string_layout_is_counted_natively_on_every_request_after_its_first(
 def test_a_new_version_builds_its_own_vocabulary_and_frees_the_old(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Vocabularies belong to one version's native servable: a swap serves the new version's
-    (built on its first route) and the old servable, vocabulary and all, is freed."""
+    """Vocabularies belong to one version's native servable, built with it (not on a request
+    thread): a swap serves the new version's and frees the old servable, vocabularies and all."""
     model = build_string_keyed(tmp_path / "a", output_features=True)
     other = build_string_keyed(tmp_path / "b", seed=1, output_features=True)
     p = Processor(model.config())
     try:
+        old = p._manager.current.native
+        assert len(old._vocabularies) == 2 and old.routes == 0   # genre and topics: one StringKeys each
         data = encode_request(model.sample(4, np.random.default_rng(15)))
         _assert_native_equals_python(p, data, monkeypatch)
         first = p.process(data)
-        old = p._manager.current.native
-        assert len(old._vocabularies) == 2          # genre and topics: one StringKeys each
         assert p.model_info()["version"] == "1"
         shutil.copytree(other.checkpoint_dir / "1", model.checkpoint_dir / "2")   # other rows
         p.load_version("2")
