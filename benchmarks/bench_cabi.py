@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -163,8 +164,31 @@ def _c_rate(binary: Path, work: Path, config: Path, threads: int, rounds: int, n
     return int(match[1]) / float(match[2]), float(match[3]) / float(match[2])
 
 
-def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float) -> tuple[float, float]:
-    """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process."""
+def c_host_rates(binary: Path, work: Path, config: Path, requests: list[bytes],
+                 threads: int) -> dict[bool, tuple[float, float]]:
+    """{native: (requests/s, cores busy)} of the C host serving `requests` (checked against the
+    Python route's replies) from `threads` C threads: the native route and the same library
+    with RECSERVE_NATIVE_ROUTE=0 (the Python route), interleaved, best of 2."""
+    processor = Processor(config.read_text())
+    replies = [processor.process_python(r) for r in requests]
+    processor.close()
+    (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
+    (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
+    probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
+    rates: dict[bool, tuple[float, float]] = {}
+    for _ in range(2):   # interleaved: Python, native, Python, native; best of each
+        for native in (False, True):
+            rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
+            got = _c_rate(binary, work, config, threads, rounds, native)
+            rates[native] = max(rates.get(native, got), got)
+    return rates
+
+
+def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float,
+                 call: Callable[[bytes], tuple[int, bytes]] | None = None) -> tuple[float, float]:
+    """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process
+    (or `call`, e.g. Processor.process_python); a reply that is not 200 fails the run."""
+    call = call or processor.process
     counts = [0] * threads
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -173,11 +197,14 @@ def _python_rate(processor: Processor, requests: list[bytes], threads: int, seco
         try:
             i = k * 7
             while not stop.is_set():
-                processor.process(requests[i % len(requests)])
+                status, body = call(requests[i % len(requests)])
+                if status != 200:
+                    raise RuntimeError(f"status {status}: {body[:200]!r}")
                 counts[k] += 1
                 i += 1
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
+            stop.set()
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     started, cpu = time.perf_counter(), time.process_time()
@@ -241,17 +268,8 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                 config = work / f"config{threads}.json"
                 config.write_text(json.dumps(plain.config(session_num=threads, intra_op_parallelism_threads=1,
                                                           inter_op_parallelism_threads=1)))
-                processor = Processor(config.read_text())
-                replies = [processor.process_python(r) for r in requests]
-                processor.close()
-                (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
-                (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
-                probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
-                for _ in range(2):   # interleaved: Python, native, Python, native; best of each
-                    for native in (False, True):
-                        rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
-                        got = _c_rate(binary, work, config, threads, rounds, native)
-                        rates[(native, threads)] = max(rates.get((native, threads), got), got)
+                rates.update({(native, threads): got for native, got in
+                              c_host_rates(binary, work, config, requests, threads).items()})
             for native in (True, False):
                 (one, busy_one), (two, busy_two) = rates[(native, 1)], rates[(native, 2)]
                 rows.append(Row(

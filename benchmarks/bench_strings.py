@@ -15,16 +15,12 @@ route), interleaved, best of 2, as bench_cabi's scaling rows."""
 from __future__ import annotations
 
 import json
-import struct
 import tempfile
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_cabi import SCALING_SECONDS, _c_rate, _compile_client
+from benchmarks.bench_cabi import _compile_client, _python_rate, c_host_rates
 from benchmarks.models import build_string_keyed
 from benchmarks.report import Row
 from recserve import Processor
@@ -39,39 +35,6 @@ NOTES = __doc__.replace("\n", " ") + (
     "not absolute rates. The 2 vs 1 thread rows compare points measured tens of seconds apart (not interleaved) and "
     "are the most exposed to the other jobs; with Python threads a batch-1 request's Python part (process(), ctypes) "
     "holds the GIL for most of its ~8 us, so Python threads are not expected to scale there -- C hosts do.")
-
-
-def _rate(call: Callable[[bytes], tuple[int, bytes]], requests: list[bytes], threads: int, seconds: float) -> float:
-    """Requests/s of `threads` Python threads calling `call` for `seconds`."""
-    stop = threading.Event()
-    counts = [0] * threads
-    errors: list[BaseException] = []
-
-    def worker(k: int) -> None:
-        try:
-            i = k
-            while not stop.is_set():
-                status, body = call(requests[i % len(requests)])
-                if status != 200:
-                    raise RuntimeError(body[:200])
-                counts[k] += 1
-                i += 1
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            stop.set()
-
-    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    started = time.perf_counter()
-    for t in pool:
-        t.start()
-    stop.wait(seconds)
-    stop.set()
-    for t in pool:
-        t.join(60)
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return sum(counts) / elapsed
 
 
 def run() -> list[Row]:
@@ -92,7 +55,8 @@ def run() -> list[Row]:
                     for _ in range(ROUNDS):
                         for route, call in (("native", processor.process), ("python", processor.process_python)):
                             key = (route, batch, threads)
-                            best[key] = max(best.get(key, 0.0), _rate(call, reqs, threads, SECONDS))
+                            rate = _python_rate(processor, reqs, threads, SECONDS, call)[0]
+                            best[key] = max(best.get(key, 0.0), rate)
                     natively = processor.model_info()["native_route"]["served"] - served
                     assert natively > 0, "the native route served none of the string-keyed requests"
             finally:
@@ -128,18 +92,8 @@ def _c_host_rows() -> list[Row]:
                 config = work / f"config{threads}.json"
                 config.write_text(json.dumps(model.config(session_num=threads, intra_op_parallelism_threads=1,
                                                           inter_op_parallelism_threads=1)))
-                processor = Processor(config.read_text())
-                replies = [processor.process_python(r) for r in requests]
-                processor.close()
-                (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
-                (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
-                probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
-                for _ in range(2):   # interleaved: Python, native, Python, native; best of each
-                    for native in (False, True):
-                        rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
-                        got = _c_rate(binary, work, config, threads, rounds, native)
-                        key = (native, batch, threads)
-                        rates[key] = max(rates.get(key, got), got)
+                for native, got in c_host_rates(binary, work, config, requests, threads).items():
+                    rates[(native, batch, threads)] = got
     rows = []
     for batch in BATCHES:
         for threads in THREADS:
