@@ -91,12 +91,16 @@ def device_settings(config: ProcessorConfig, index: int, stream: int | None = No
 PREPACK_AUTO_MAX_BYTES = 256 * 2**20
 
 
-def prepacks(config: ProcessorConfig, shared_bytes: int) -> bool:
+def prepacks(config: ProcessorConfig, shared_bytes: int, *, one_packed_copy: bool = False) -> bool:
     """Whether the sessions prepack MatMul/Gemm weights: prepack_weights, "auto" decided.
     Prepacked weights run faster (the DLRM MLP at batch 1: ~35% less time per run, and a
-    smaller cache footprint for the rest of the request) but are a private copy per session."""
+    smaller cache footprint for the rest of the request) and cost a packed copy: one for the
+    whole group where the sessions share it (`one_packed_copy`: the native runner's prepacked
+    weights container), else one per session (the Python binding has no such container).
+    Sessions that pack differently also round differently (a few float32 ulps), so a group
+    answers alike whatever its session_num only where one copy serves them all."""
     if config.prepack_weights == "auto":
-        return config.session_count == 1 and shared_bytes <= PREPACK_AUTO_MAX_BYTES
+        return (one_packed_copy or config.session_count == 1) and shared_bytes <= PREPACK_AUTO_MAX_BYTES
     return bool(config.prepack_weights)
 
 
@@ -227,7 +231,7 @@ class SessionGroup:
         native = shared_native and _native_env(config, graph)
         per_session_threads = _uses_own_pools(config, native)
         self.dense_overrides = self._shared.overridden
-        self.prepacking = prepacks(config, self._shared.nbytes)
+        self.prepacking = prepacks(config, self._shared.nbytes, one_packed_copy=native)
         self._streams = CudaStreams()
         self._sessions: list[ort.InferenceSession] = []
         self._direct_runs: list[Any] = []
