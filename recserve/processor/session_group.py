@@ -48,6 +48,7 @@ from recserve.runtime.providers import DeviceSettings, ProviderList, check_provi
 from recserve.runtime.session_options import ThreadSettings, build_session_options, session_option_values
 from recserve.runtime.session_policy import SessionPolicy
 from recserve.runtime.shared_weights import SharedInitializers
+from recserve.runtime.string_feeds import as_ort_strings
 from recserve.runtime.threads import global_thread_pools, use_global_thread_pools
 
 __all__ = ["PREPACK_AUTO_MAX_BYTES", "SessionGroup", "device_settings", "prepacks", "thread_settings"]
@@ -245,6 +246,7 @@ class SessionGroup:
         shapes = _input_shapes(graph)
         del graph
         self._profile_settings: tuple[ThreadSettings, bool, list[Any]] | None = None
+        self._string_inputs: tuple[str, ...] = ()
         try:
             if native:
                 self._native = NativeRunner(policy=config.select_session_policy, initializers=self._shared.arrays)
@@ -272,6 +274,7 @@ class SessionGroup:
                 if v.name in by_name or (self.concat is not None and v.name in self.concat.parts)
             ]
             self.outputs = [GraphTensor.from_ort(a) for a in first.get_outputs()]
+            self._string_inputs = tuple(t.name for t in self.inputs if t.dtype == np.dtype(object))
             if config.max_batch_size > 0:
                 _check_batchable(self.inputs, "input")
                 _check_batchable(self.outputs, "output")
@@ -386,11 +389,19 @@ class SessionGroup:
                 raise RequestError(f"the model rejected the inputs: {exc}") from exc
         return feed
 
+    def _binding_feed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`feed` for the Python binding's sessions: string inputs as text (string_feeds)."""
+        for name in self._string_inputs:
+            if name in feed:
+                feed = {**feed, name: as_ort_strings(name, feed[name])}
+        return feed
+
     def _run_on(self, index: int, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         names = output_names if type(output_names) is list else list(output_names)
         feed = self._feed(feeds)
         if self._native is not None:
             return self._native.run_on(index, feed, names)  # raises RequestError / InternalError itself
+        feed = self._binding_feed(feed)
         try:
             try:
                 # The pybind session's run: InferenceSession.run is this call after checks the
@@ -418,7 +429,7 @@ class SessionGroup:
         self._shared.add_to(options)
         try:
             profiled = ort.InferenceSession(self._source, options, providers=providers)
-            outputs = profiled.run(list(output_names), self._feed(feeds))
+            outputs = profiled.run(list(output_names), self._binding_feed(self._feed(feeds)))
         except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
             raise RequestError(f"the model rejected the inputs: {exc}") from exc
         except Exception as exc:

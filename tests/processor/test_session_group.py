@@ -5,7 +5,6 @@ providers and dynamic batching. Every group with several sessions uses its own p
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 from typing import Any
 
