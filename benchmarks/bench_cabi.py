@@ -164,11 +164,30 @@ def _c_rate(binary: Path, work: Path, config: Path, threads: int, rounds: int, n
     return int(match[1]) / float(match[2]), float(match[3]) / float(match[2])
 
 
-def c_host_rates(binary: Path, work: Path, config: Path, requests: list[bytes],
-                 threads: int) -> dict[bool, tuple[float, float]]:
+def _c_rate_processes(binary: Path, work: Path, config: Path, processes: int, rounds: int) -> tuple[float, float]:
+    """The control for thread scaling: `processes` independent one-thread C hosts at once,
+    sharing nothing (no process, library state or table). (requests/s summed, cores busy)."""
+    args = [library_path(), "serve", config, work / "req", work / "exp", 1, rounds]
+    hosts = [subprocess.Popen([str(binary), *map(str, args)], env=_route_env(True), stdout=subprocess.PIPE,
+                              text=True) for _ in range(processes)]
+    rate = busy = 0.0
+    for host in hosts:
+        out = host.communicate(timeout=600)[0]
+        match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+) cpu ([\d.]+)", out)
+        if host.returncode or not match:
+            raise RuntimeError(f"cabi_client failed: {out}")
+        rate += int(match[1]) / float(match[2])
+        busy += float(match[3]) / float(match[2])
+    return rate, busy
+
+
+def c_host_rates(binary: Path, work: Path, config: Path, requests: list[bytes], threads: int,
+                 between: Callable[[dict[bool, float]], None] | None = None) -> dict[bool, tuple[float, float]]:
     """{native: (requests/s, cores busy)} of the C host serving `requests` (checked against the
     Python route's replies) from `threads` C threads: the native route and the same library
-    with RECSERVE_NATIVE_ROUTE=0 (the Python route), interleaved, best of 2."""
+    with RECSERVE_NATIVE_ROUTE=0 (the Python route), interleaved, best of 2. `between(probe)`
+    runs after each round (a control measured between the same runs); probe: {native: req/s}
+    of a short first run."""
     processor = Processor(config.read_text())
     replies = [processor.process_python(r) for r in requests]
     processor.close()
@@ -181,6 +200,8 @@ def c_host_rates(binary: Path, work: Path, config: Path, requests: list[bytes],
             rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
             got = _c_rate(binary, work, config, threads, rounds, native)
             rates[native] = max(rates.get(native, got), got)
+        if between is not None:
+            between(probe)
     return rates
 
 
@@ -261,6 +282,7 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
         plain = build_plain_dlrm(work / "plain")
         binary = _compile_client(work)
         rng = np.random.default_rng(5)
+        control: dict[int, tuple[float, float]] = {}   # batch -> the control's best
         for batch in batches:
             requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
             rates: dict[tuple[bool, int], tuple[float, float]] = {}
@@ -268,8 +290,20 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                 config = work / f"config{threads}.json"
                 config.write_text(json.dumps(plain.config(session_num=threads, intra_op_parallelism_threads=1,
                                                           inter_op_parallelism_threads=1)))
-                rates.update({(native, threads): got for native, got in
-                              c_host_rates(binary, work, config, requests, threads).items()})
+
+                def control_run(probe: dict[bool, float], batch: int = batch) -> None:
+                    """Two hosts of one thread, between the same runs: the control."""
+                    rounds = max(200, int(probe[True] * SCALING_SECONDS / 2))
+                    got = _c_rate_processes(binary, work, work / "config1.json", 2, rounds)
+                    control[batch] = max(control.get(batch, got), got)
+
+                rates.update({(native, threads): got for native, got in c_host_rates(
+                    binary, work, config, requests, threads, control_run if threads == 2 else None).items()})
+            (pair, busy_pair), (one, busy_one) = control[batch], rates[(True, 1)]
+            rows.append(Row(
+                name=f"control: 2 independent one-thread C hosts vs 1, plain DLRM, batch {batch} (cores busy "
+                     f"{busy_pair:.2f} vs {busy_one:.2f}): the most 2 threads can get on this machine",
+                value=f"{pair:,.0f} req/s", baseline=f"1 host {one:,.0f} req/s", ratio=pair / one, goal="", met=None))
             for native in (True, False):
                 (one, busy_one), (two, busy_two) = rates[(native, 1)], rates[(native, 2)]
                 rows.append(Row(
