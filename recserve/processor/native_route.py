@@ -432,7 +432,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
     layout's requests are then counted as `route_miss` and served in Python): a dense input
     whose wire type or cast has no native reader (half floats, complex, strings fed to the
     graph as they are), a Concat the session group folds that the route cannot, or a string
-    vocabulary that could not be built (`vocabulary` returned 0, or none was given).
+    vocabulary that could not be built (`vocabulary` returned 0, or none was given), a
+    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64).
     `concat`: the session group's folded Concat of graph inputs, if it has one;
     `vocabulary`: the servable's native handle of a StringKeys' vocabulary."""
     names: dict[str, int] = {}
@@ -458,6 +459,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
                 return None
             ints += [first, stop, _KEY_VOCABULARY, handle]
         elif keys.buckets:
+            if keys.buckets >= 1 << 63:
+                return None   # no int64 in the description holds it (TensorFlow's own are int64)
             ints += [first, stop, _KEY_BUCKETS, keys.buckets]
         else:
             ints += [first, stop, _KEY_XXH64, 0]
