@@ -66,6 +66,7 @@ typedef struct {
     uint8_t* key;
     int64_t key_size;
     uint64_t hash;
+    bool refused; /* a layout with no native form: nothing below is set */
     int64_t batch;
     int64_t values_end; /* slots the route reads: the request's values buffer holds at least these */
     int64_t n_strings;
@@ -502,13 +503,9 @@ bad:
     return NULL;
 }
 
-int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, const int64_t* ints, int64_t n_ints,
-                          const char* names, int64_t names_size) {
-    if (!s || !key || key_size <= 0 || !ints || n_ints <= 0 || names_size < 0 || (names_size && !names))
-        return -1;
-    route* rt = compile(s, ints, n_ints, names ? names : "", names_size);
-    if (!rt)
-        return -1;
+/* Publishes rt (owned from here on) under key[key_size]: 0, or 1 when the table is full or
+ * the key is already there (rt is freed), -1 out of memory. */
+static int insert_route(rs_servable* s, route* rt, const uint8_t* key, int64_t key_size) {
     rt->key = malloc((size_t)key_size);
     if (!rt->key) {
         route_free(rt);
@@ -535,6 +532,24 @@ int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, 
     }
     route_free(rt);
     return 1;
+}
+
+int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, const int64_t* ints, int64_t n_ints,
+                          const char* names, int64_t names_size) {
+    if (!s || !key || key_size <= 0 || !ints || n_ints <= 0 || names_size < 0 || (names_size && !names))
+        return -1;
+    route* rt = compile(s, ints, n_ints, names ? names : "", names_size);
+    return rt ? insert_route(s, rt, key, key_size) : -1;
+}
+
+int rs_servable_refuse_layout(rs_servable* s, const uint8_t* key, int64_t key_size) {
+    if (!s || !key || key_size <= 0)
+        return -1;
+    route* rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return -1;
+    rt->refused = true;
+    return insert_route(s, rt, key, key_size);
 }
 
 static const route* find_route(rs_servable* s, const uint8_t* key, int64_t size) {
@@ -915,7 +930,9 @@ int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uin
     reason = parse(data, size, &values, &scratch, &layout_size);
     if (!reason) {
         rt = find_route(s, (const uint8_t*)scratch, layout_size);
-        if (!rt || rt->values_end > size + 1)
+        if (rt && rt->refused)
+            reason = RS_FALLBACK_NOT_NATIVE;
+        else if (!rt || rt->values_end > size + 1)
             reason = RS_FALLBACK_ROUTE_MISS;
     }
     times[0] = now_ns(CLOCK_MONOTONIC);

@@ -31,17 +31,18 @@
 enum {
     RS_FALLBACK_NO_SERVABLE = 0,  /* nothing published: no version yet, or the version is not native */
     RS_FALLBACK_PARSE,            /* the C parser declined the bytes (the generated parser decides) */
-    RS_FALLBACK_ROUTE_MISS,       /* the layout has no native route: its first request (Python
-                                     registers it), or a layout that cannot have one (a dense
-                                     input of float16, complex or strings; a Concat the route
-                                     cannot fold; a vocabulary not built for want of memory:
-                                     native_route.describe lists them) */
+    RS_FALLBACK_ROUTE_MISS,       /* the layout has no native route yet: its first request
+                                     (Python validates it and registers its route) */
     RS_FALLBACK_LOOKUP,           /* the engine lookup failed */
     RS_FALLBACK_RUN,              /* the dense run failed (Python reruns it and owns the message) */
     RS_FALLBACK_OUTPUT,           /* an output the native encoder does not write */
     RS_FALLBACK_MEMORY,           /* malloc failed */
     RS_FALLBACK_EMPTY,            /* input_size 0: the signature description (Python) */
     RS_FALLBACK_TRACE,            /* the caller asked for an ONNX Runtime profile (Python-only) */
+    RS_FALLBACK_NOT_NATIVE,       /* a layout Python found has no native form (rs_servable_refuse_layout:
+                                     a dense input of float16, complex or strings; a Concat the
+                                     route cannot fold; a vocabulary not built for want of
+                                     memory -- native_route.describe lists them) */
     RS_FALLBACK_REASONS
 };
 /* Counters (rs_slot_counters): the fallbacks above, then these. */
@@ -98,6 +99,10 @@ RS_ROUTE_API int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* w
 RS_ROUTE_API int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size,
                                        const int64_t* ints, int64_t n_ints, const char* names,
                                        int64_t names_size);
+/* Marks the layout key[key_size] as one with no native form: its requests fall back as
+ * RS_FALLBACK_NOT_NATIVE (not ROUTE_MISS) from now on. Returns as rs_servable_add_route. */
+RS_ROUTE_API int rs_servable_refuse_layout(rs_servable* s, const uint8_t* key, int64_t key_size);
+/* Layouts registered (routes and refused layouts). */
 RS_ROUTE_API int64_t rs_servable_routes(rs_servable* s);
 /* Waits up to timeout_ms for every lease but the owner's to end: 0 once they have, 1 on timeout. */
 RS_ROUTE_API int rs_servable_drain(rs_servable* s, int64_t timeout_ms);

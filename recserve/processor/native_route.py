@@ -51,9 +51,10 @@ __all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "R
 log = logging.getLogger("recserve.processor")
 
 # RS_FALLBACK_* in native/route.h, in order.
-FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "output", "memory", "empty", "trace")
+FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "output", "memory", "empty", "trace",
+                    "not_native")
 _NO_SERVABLE, _TRACE = 0, 8
-_SERVED, _WALL_NS, _COUNTERS = 9, 10, 11
+_SERVED, _WALL_NS, _COUNTERS = 10, 11, 12
 _INFO_SERVABLE, _INFO_BATCH, _INFO_T0, _INFO_SIZE = 0, 1, 2, 8
 _ROUTE_FORMAT = 2
 # How a string input's ids become keys (KEY_* in native/route.c).
@@ -98,6 +99,7 @@ def _load() -> ctypes.CDLL | None:
             "rs_servable_create": (p, [i64, p, p, p, p, p]),
             "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64]),
             "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
+            "rs_servable_refuse_layout": (ctypes.c_int, [p, ctypes.c_char_p, i64]),
             "rs_servable_routes": (i64, [p]),
             "rs_servable_drain": (ctypes.c_int, [p, i64]),
             "rs_servable_leases": (i64, [p]),
@@ -326,12 +328,14 @@ class NativeServable:
         return int(_LIB.rs_servable_routes(self.address))  # type: ignore[union-attr]
 
     def add(self, layout: bytes, route: RequestRoute) -> bool:
-        """Registers `route` for requests of `layout`; False when it cannot run natively."""
+        """Registers `route` for requests of `layout`; False when it cannot run natively (its
+        requests are then counted as `not_native`)."""
         with self._lock:
             if self._closed:
                 return False
             described = describe(route, self._concat, self._vocabulary)
             if described is None:
+                _LIB.rs_servable_refuse_layout(self.address, layout, len(layout))  # type: ignore[union-attr]
                 return False
             ints, names = described
             got = _LIB.rs_servable_add_route(self.address, layout, len(layout), ints.ctypes.data, len(ints),  # type: ignore[union-attr]
@@ -429,7 +433,7 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
              vocabulary: Callable[[StringKeys], int] | None = None) -> tuple[np.ndarray, bytes] | None:
     """The int64 description rs_servable_add_route compiles (see native/route.c, compile())
     and its NUL-terminated names; None when a part of the route has no native form (the
-    layout's requests are then counted as `route_miss` and served in Python): a dense input
+    layout's requests are then counted as `not_native` and served in Python): a dense input
     whose wire type or cast has no native reader (half floats, complex, strings fed to the
     graph as they are), a Concat the session group folds that the route cannot, or a string
     vocabulary that could not be built (`vocabulary` returned 0, or none was given), a

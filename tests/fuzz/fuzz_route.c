@@ -12,6 +12,8 @@
  *     bytes when served again (the route consumes nothing it does not own);
  *   - a registered layout's response parses as a PredictResponse's framing: one entry per
  *     output, each (name, ArrayProto) in bounds;
+ *   - a layout the harness cannot describe is refused (rs_servable_refuse_layout) and falls
+ *     back as RS_FALLBACK_NOT_NATIVE;
  *   - a request of any other layout falls back (0) and allocates nothing;
  *   - every 64 inputs the servable is swapped for a new one (publish, drain, free).
  */
@@ -301,11 +303,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int64_t layout = rs_decode_request(request, n, values, n + 1, scratch, 32 * n + 64);
     uint8_t* out = NULL;
     int64_t out_size = -1, info[RS_INFO_SIZE];
-    int registered = 0;
+    int registered = 0, refused = 0;
     if (layout > 0) {
         static description d;
         memset(&d, 0, sizeof d);
-        if (describe((const uint8_t*)scratch, layout, seed, &d) == 0) {
+        if (describe((const uint8_t*)scratch, layout, seed, &d) != 0) {
+            int added = rs_servable_refuse_layout(current, (const uint8_t*)scratch, layout);
+            CHECK(added >= 0);
+            refused = added == 0; /* (1: a route or a refusal of this layout was there first, or the table is full) */
+        } else {
             int added = rs_servable_add_route(current, (const uint8_t*)scratch, layout, d.ints, d.n, d.names, d.names_size);
             CHECK(added >= 0);
             registered = added == 0 || added == 1;
@@ -316,6 +322,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int status = rs_route_process(slot, request, n, &out, &out_size, info);
     if (registered)
         CHECK(status == 200); /* this layout's route (or an earlier one for the same layout) serves it */
+    if (refused)
+        CHECK(status == 0 && info[RS_INFO_REASON] == RS_FALLBACK_NOT_NATIVE);
     if (status == 200) {
         CHECK(out && out_size >= 0);
         CHECK(entries(out, out_size) >= 1);
