@@ -34,7 +34,10 @@ NOTES = __doc__.replace("\n", " ") + (
     " Measured on a 2-core VM shared with up to 7 agents' jobs: the figures are ratios of one interleaved run, "
     "not absolute rates. The 2 vs 1 thread rows compare points measured tens of seconds apart (not interleaved) and "
     "are the most exposed to the other jobs; with Python threads a batch-1 request's Python part (process(), ctypes) "
-    "holds the GIL for most of its ~8 us, so Python threads are not expected to scale there -- C hosts do.")
+    "holds the GIL for most of its ~8 us, so Python threads scale less there than C hosts. 'cores busy' says how "
+    "much CPU a C host got: at about 1.0 for 2 threads the other jobs left it one core, and its 2 vs 1 ratio "
+    "says nothing about the route (three runs of this module on one day gave native/Python at 1 thread of "
+    "9.8-13.9x at batch 1 and 3.2-4.6x at batch 64 for the C host, 5.8-7.0x and 3.0-3.4x for Python threads).")
 
 
 def run() -> list[Row]:
