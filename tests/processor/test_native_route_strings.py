@@ -157,3 +157,55 @@ def test_a_new_version_builds_its_own_vocabulary_and_frees_the_old(
         assert len(p._manager.current.native._vocabularies) == 2
     finally:
         p.close()
+
+
+def test_threads_key_strings_natively_while_versions_swap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each swap frees the old version's vocabularies once its native requests end: threads
+    serving string-keyed requests throughout get one version's answer or the other's, never
+    a mix or a crash (run under ASan by `make test-sanitize`)."""
+    model = build_string_keyed(tmp_path / "a")
+    other = build_string_keyed(tmp_path / "b", seed=1)
+    shutil.copytree(other.checkpoint_dir / "1", model.checkpoint_dir / "2")
+    p = Processor(model.config())
+    try:
+        rng = np.random.default_rng(16)
+        requests = [encode_request(model.sample(b, rng)) for b in (1, 3, 3, 16)]
+        answers: dict[str, list[tuple[int, bytes]]] = {}
+        for version in ("1", "2"):
+            p.load_version(version)
+            answers[version] = [_python_route(p, r, monkeypatch) for r in requests]
+        assert answers["1"] != answers["2"]
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        served = [0] * 3
+
+        def hammer(k: int) -> None:
+            try:
+                i = k
+                while not stop.is_set():
+                    j = i % len(requests)
+                    got = p.process(requests[j])
+                    assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
+                    served[k] += 1
+                    i += 1
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                stop.set()
+
+        before = _served(p)
+        threads = [threading.Thread(target=hammer, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for swap in range(6):
+                p.load_version("1" if swap % 2 else "2")
+                stop.wait(0.1)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(WAIT)
+        assert not any(t.is_alive() for t in threads)
+        assert not errors, errors[0]
+        assert sum(served) > 0 and _served(p) > before
+    finally:
+        p.close()
