@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -163,8 +164,52 @@ def _c_rate(binary: Path, work: Path, config: Path, threads: int, rounds: int, n
     return int(match[1]) / float(match[2]), float(match[3]) / float(match[2])
 
 
-def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float) -> tuple[float, float]:
-    """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process."""
+def _c_rate_processes(binary: Path, work: Path, config: Path, processes: int, rounds: int) -> tuple[float, float]:
+    """The control for thread scaling: `processes` independent one-thread C hosts at once,
+    sharing nothing (no process, library state or table). (requests/s summed, cores busy)."""
+    args = [library_path(), "serve", config, work / "req", work / "exp", 1, rounds]
+    hosts = [subprocess.Popen([str(binary), *map(str, args)], env=_route_env(True), stdout=subprocess.PIPE,
+                              text=True) for _ in range(processes)]
+    rate = busy = 0.0
+    for host in hosts:
+        out = host.communicate(timeout=600)[0]
+        match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+) cpu ([\d.]+)", out)
+        if host.returncode or not match:
+            raise RuntimeError(f"cabi_client failed: {out}")
+        rate += int(match[1]) / float(match[2])
+        busy += float(match[3]) / float(match[2])
+    return rate, busy
+
+
+def c_host_rates(binary: Path, work: Path, config: Path, requests: list[bytes], threads: int,
+                 between: Callable[[dict[bool, float]], None] | None = None) -> dict[bool, tuple[float, float]]:
+    """{native: (requests/s, cores busy)} of the C host serving `requests` (checked against the
+    Python route's replies) from `threads` C threads: the native route and the same library
+    with RECSERVE_NATIVE_ROUTE=0 (the Python route), interleaved, best of 2. `between(probe)`
+    runs after each round (a control measured between the same runs); probe: {native: req/s}
+    of a short first run."""
+    processor = Processor(config.read_text())
+    replies = [processor.process_python(r) for r in requests]
+    processor.close()
+    (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
+    (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
+    probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
+    rates: dict[bool, tuple[float, float]] = {}
+    for _ in range(2):   # interleaved: Python, native, Python, native; best of each
+        for native in (False, True):
+            rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
+            got = _c_rate(binary, work, config, threads, rounds, native)
+            rates[native] = max(rates.get(native, got), got)
+        if between is not None:
+            between(probe)
+    return rates
+
+
+def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float,
+                 call: Callable[[bytes], tuple[int, bytes]] | None = None) -> tuple[float, float]:
+    """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process
+    (or `call`, e.g. Processor.process_python); a reply that is not 200 fails the run."""
+    call = call or processor.process
     counts = [0] * threads
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -173,11 +218,14 @@ def _python_rate(processor: Processor, requests: list[bytes], threads: int, seco
         try:
             i = k * 7
             while not stop.is_set():
-                processor.process(requests[i % len(requests)])
+                status, body = call(requests[i % len(requests)])
+                if status != 200:
+                    raise RuntimeError(f"status {status}: {body[:200]!r}")
                 counts[k] += 1
                 i += 1
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
+            stop.set()
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     started, cpu = time.perf_counter(), time.process_time()
@@ -234,6 +282,7 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
         plain = build_plain_dlrm(work / "plain")
         binary = _compile_client(work)
         rng = np.random.default_rng(5)
+        control: dict[int, tuple[float, float]] = {}   # batch -> the control's best
         for batch in batches:
             requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
             rates: dict[tuple[bool, int], tuple[float, float]] = {}
@@ -241,17 +290,20 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                 config = work / f"config{threads}.json"
                 config.write_text(json.dumps(plain.config(session_num=threads, intra_op_parallelism_threads=1,
                                                           inter_op_parallelism_threads=1)))
-                processor = Processor(config.read_text())
-                replies = [processor.process_python(r) for r in requests]
-                processor.close()
-                (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
-                (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
-                probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
-                for _ in range(2):   # interleaved: Python, native, Python, native; best of each
-                    for native in (False, True):
-                        rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
-                        got = _c_rate(binary, work, config, threads, rounds, native)
-                        rates[(native, threads)] = max(rates.get((native, threads), got), got)
+
+                def control_run(probe: dict[bool, float], batch: int = batch) -> None:
+                    """Two hosts of one thread, between the same runs: the control."""
+                    rounds = max(200, int(probe[True] * SCALING_SECONDS / 2))
+                    got = _c_rate_processes(binary, work, work / "config1.json", 2, rounds)
+                    control[batch] = max(control.get(batch, got), got)
+
+                rates.update({(native, threads): got for native, got in c_host_rates(
+                    binary, work, config, requests, threads, control_run if threads == 2 else None).items()})
+            (pair, busy_pair), (one, busy_one) = control[batch], rates[(True, 1)]
+            rows.append(Row(
+                name=f"control: 2 independent one-thread C hosts vs 1, plain DLRM, batch {batch} (cores busy "
+                     f"{busy_pair:.2f} vs {busy_one:.2f}): the most 2 threads can get on this machine",
+                value=f"{pair:,.0f} req/s", baseline=f"1 host {one:,.0f} req/s", ratio=pair / one, goal="", met=None))
             for native in (True, False):
                 (one, busy_one), (two, busy_two) = rates[(native, 1)], rates[(native, 2)]
                 rows.append(Row(

@@ -22,7 +22,7 @@ class StringKeys:
     """`buckets` > 0: StringToHashBucketFast; `vocabulary`: the string's index in it plus
     `vocabulary_start` (None entries: ids no string has); a string not in it gets
     `oov_start + Fingerprint64 % oov_buckets` when `oov_buckets` > 0, else `default_id`
-    (-1: padding); else XXH64. '' is padding (-1) unless the vocabulary lists it or
+    (-1: padding); else XXH64. '' is padding (-1), even where the vocabulary lists it, unless
     `empty_is_padding` is False (then hashed or looked up like any string; `buckets` or
     `vocabulary` only). Immutable.
 
@@ -44,10 +44,10 @@ class StringKeys:
     def __post_init__(self) -> None:
         from recserve.embedding import string_keys
 
+        # '' is left out while it is padding: the empty string is padding even where the list
+        # holds it (as TensorFlow's feature columns drop '' ids before the lookup).
         self._index.update((word.encode("utf-8"), self.vocabulary_start + i) for i, word in enumerate(self.vocabulary)
-                           if word is not None)
-        if self.vocabulary and self.empty_is_padding:
-            self._index.setdefault(b"", -1)  # '' is padding unless the vocabulary lists it
+                           if word is not None and (word or not self.empty_is_padding))
         words = [w for w in self._index if w]
         if words:
             hashes = string_keys(np.array(words, dtype=object))
@@ -58,9 +58,16 @@ class StringKeys:
                 self._sorted.extend([hashes, ids])
 
     @property
-    def python_only(self) -> bool:
-        """Keys computed here in Python (the native request route hashes XXH64 only)."""
-        return bool(self.buckets or self.vocabulary or not self.empty_is_padding)
+    def indices(self) -> dict[bytes, int]:
+        """The vocabulary's UTF-8 words and their keys (a word listed twice: its last index);
+        what the native route builds its lookup table from. Do not modify."""
+        return self._index
+
+    @property
+    def native_keyed(self) -> bool:
+        """Whether the native request route keys these strings as this does: XXH64, hash
+        buckets, or a vocabulary's `indices` with '' and unknown words -1 (padding)."""
+        return self.empty_is_padding and self.default_id == -1 and not self.oov_buckets
 
     @staticmethod
     def _empty_key(buckets: int) -> int:
@@ -90,7 +97,7 @@ class StringKeys:
         sorted_hashes, ids = self._sorted
         at = np.minimum(np.searchsorted(sorted_hashes, hashes), len(sorted_hashes) - 1)
         out = np.where(sorted_hashes[at] == hashes, ids[at], _MISSING)
-        out[hashes == -1] = self._index.get(b"", _MISSING)
+        out[hashes == -1] = -1 if self.empty_is_padding else self._index.get(b"", _MISSING)
         return out
 
     def _unknown(self, ids: np.ndarray, bucket: Callable[[np.ndarray, int], np.ndarray]) -> None:
@@ -110,7 +117,8 @@ class StringKeys:
         """By bytes, in Python (a vocabulary whose words share an XXH64)."""
         from recserve.embedding import string_keys
 
-        ids = np.array([self._index.get(b, _MISSING) for b in words], dtype=np.int64)
+        index, padding = self._index, self.empty_is_padding
+        ids = np.array([index.get(b, _MISSING) if b or not padding else -1 for b in words], dtype=np.int64)
         self._unknown(ids, lambda at, buckets: string_keys(np.array([words[i] for i in at.tolist()], dtype=object),
                                                            buckets))
         return ids
