@@ -122,7 +122,7 @@ class _Inliner:
 
 
 def inline_functions(graph_def: Any) -> tuple[Any, Callable[[str], str]]:
-    """A copy of `graph_def` with every function call replaced by its body (no library), and
+    """A copy of `graph_def` with every function call replaced by its body, and
     what a tensor name of the original graph (`call:k`) is in the copy."""
     inliner = _Inliner(graph_def.library)
     for node in graph_def.node:
@@ -131,6 +131,9 @@ def inline_functions(graph_def: Any) -> tuple[Any, Callable[[str], str]]:
         inliner.add(copy, 0)
     out = type(graph_def)()
     out.versions.CopyFrom(graph_def.versions)
+    # Kept for the functional control flow left as nodes (If, While, ...: their branches and
+    # bodies are library functions, converted by tf2onnx as they are).
+    out.library.CopyFrom(graph_def.library)
     for node in inliner.nodes:
         inputs = [inliner.resolve(ref) for ref in node.input]
         node.input[:] = [ref for ref in inputs if ref]
