@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -204,10 +204,14 @@ class StringKeyedModel:
 def build_string_keyed(
     root: Path, *, dim: int = 16, buckets: int = 10_000, tag_buckets: int = 1000, items: int = 5000,
     length: int = 5, hidden: tuple[int, ...] = (64,), seed: int = 0, output_features: bool = False,
+    keras: bool = False,
 ) -> StringKeyedModel:
     """Five string bindings (see StringKeyedModel) over tables whose rows cover only part of
     each key space (the rest get the table's default: zeros, or normal rows for the vocabulary
-    tables). `output_features`: also output the MLP's input, where the embeddings can be read."""
+    tables). `output_features`: also output the MLP's input, where the embeddings can be read.
+    `keras`: keyed as a converted Keras model's Hashing and StringLookup layers are ('' a
+    string like any other; unknown genres to 3 OOV buckets after the vocabulary, unknown
+    topics to id 0)."""
     from recserve.embedding import string_keys
 
     rng = np.random.default_rng(seed)
@@ -223,6 +227,11 @@ def build_string_keyed(
         EmbeddingBinding(input="topics", table="genres", dim=dim, graph_input="e_topics", key_dtype="string",
                          vocabulary=VOCABULARY, combiner="sum", default=normal),
     )
+    if keras:
+        user, item, tags, genre, topics = bindings
+        bindings = (replace(user, empty_is_padding=False), item, tags,
+                    replace(genre, oov_buckets=3, oov_start=len(VOCABULARY), empty_is_padding=False),
+                    replace(topics, default_id=0, vocabulary_start=1))
     parts = ["dense"] + [b.graph_input for b in bindings]
     inputs = [helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", 4])]
     inputs += [helper.make_tensor_value_info(b.graph_input, TensorProto.FLOAT, ["batch", dim]) for b in bindings]

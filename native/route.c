@@ -28,7 +28,8 @@
 enum { SRC_INT64 = 0, SRC_FLOAT32 = 1, SRC_FLOAT64 = 2 };
 /* How a string input's ids become keys (recserve.embedding.StringKeys): XXH64; TensorFlow's
  * StringToHashBucketFast (Fingerprint64 modulo a bucket count); a vocabulary's index. */
-enum { KEY_XXH64 = 0, KEY_BUCKETS = 1, KEY_VOCABULARY = 2 };
+/* KEY_BUCKETS_EMPTY: buckets where '' is a string like any other (Keras's Hashing layer), not padding. */
+enum { KEY_XXH64 = 0, KEY_BUCKETS = 1, KEY_VOCABULARY = 2, KEY_BUCKETS_EMPTY = 3 };
 /* tensorflow.eas.ArrayDataType values the encoder writes. */
 enum { DT_FLOAT = 1, DT_DOUBLE = 2, DT_INT32 = 3, DT_INT64 = 9, DT_BOOL = 10 };
 
@@ -225,11 +226,14 @@ rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, r
 }
 
 int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
-                                   const int64_t* indices, int64_t n) {
+                                   const int64_t* indices, int64_t n, int64_t default_id, int64_t oov_buckets,
+                                   int64_t oov_start, int32_t empty_is_padding) {
     if (!s)
         return 0;
     struct vocabulary_node* node = malloc(sizeof *node);
-    rs_vocabulary* v = node ? rs_vocabulary_build(words, lengths, indices, n) : NULL;
+    rs_vocabulary_unknown unknown = {default_id, oov_buckets < 0 ? UINT64_MAX : (uint64_t)oov_buckets, oov_start,
+                                     empty_is_padding != 0};
+    rs_vocabulary* v = node ? rs_vocabulary_build(words, lengths, indices, n, &unknown) : NULL;
     if (!v) {
         free(node);
         return 0;
@@ -395,7 +399,7 @@ static route* compile(rs_servable* s, const int64_t* ints, int64_t n_ints, const
             r.bad = true;
         else
             reach(rt, in->first, in->stop - in->first);
-        if (in->key == KEY_BUCKETS && arg > 0)
+        if ((in->key == KEY_BUCKETS || in->key == KEY_BUCKETS_EMPTY) && arg > 0)
             in->buckets = (uint64_t)arg;
         else if (in->key == KEY_VOCABULARY)
             r.bad |= !(in->vocabulary = vocabulary_of(s, arg));
@@ -832,10 +836,14 @@ static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* 
         const string_input* in = &rt->strings[i];
         int64_t* spans = values + in->first;
         int64_t n_spans = (in->stop - in->first) / 2;
-        if (in->key == KEY_BUCKETS)
+        if (in->key == KEY_BUCKETS || in->key == KEY_BUCKETS_EMPTY) {
             s->bucket_spans(data, spans, n_spans, in->buckets, spans);
-        else if (in->key == KEY_VOCABULARY)
-            rs_vocabulary_spans(in->vocabulary, data, spans, n_spans, spans);
+            if (in->key == KEY_BUCKETS_EMPTY) /* only '' is -1: a bucket is >= 0 */
+                for (int64_t k = 0; k < n_spans; k++)
+                    if (spans[k] == -1)
+                        spans[k] = (int64_t)(RS_FINGERPRINT64_EMPTY % in->buckets);
+        } else if (in->key == KEY_VOCABULARY)
+            rs_vocabulary_spans(in->vocabulary, data, spans, n_spans, spans, s->bucket_spans);
         else
             s->xxh64_spans(data, spans, n_spans, spans);
     }

@@ -87,12 +87,15 @@ RS_ROUTE_API rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, vo
                                              rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans,
                                              rs_bucket_spans_fn bucket_spans);
 /* Builds a vocabulary (route_vocabulary.h: n words back to back in `words`, word i of
- * lengths[i] bytes keyed indices[i]) that the servable owns and frees with itself. Returns its
+ * lengths[i] bytes keyed indices[i]; a string that is no word gets default_id, or oov_start +
+ * Fingerprint64 % oov_buckets when oov_buckets > 0; '' is padding when empty_is_padding, else
+ * a string like any other) that the servable owns and frees with itself. Returns its
  * handle, which route descriptions name, or 0 when out of memory / malformed. Callers
  * serialise it with rs_servable_add_route's that name it (the handle must exist first);
  * requests never read the list. */
 RS_ROUTE_API int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
-                                                const int64_t* indices, int64_t n);
+                                                const int64_t* indices, int64_t n, int64_t default_id,
+                                                int64_t oov_buckets, int64_t oov_start, int32_t empty_is_padding);
 /* Compiles a route from its description (native_route.py writes it: ints[n_ints] and a blob of
  * NUL-terminated names) for requests whose layout bytes equal key[key_size]. 0, or -1 when the
  * description is malformed, 1 when the table is full or the key is already there. */

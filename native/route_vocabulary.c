@@ -13,6 +13,7 @@ typedef struct {
 } entry;
 
 struct rs_vocabulary {
+    rs_vocabulary_unknown unknown;
     uint64_t mask;
     int64_t longest; /* a longer string is no word: not even hashed */
     entry* table;
@@ -27,8 +28,11 @@ static entry* find(const rs_vocabulary* v, const uint8_t* s, int64_t length, uin
     }
 }
 
-rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths, const int64_t* indices, int64_t n) {
-    if (n < 0 || (n && (!words || !lengths || !indices)))
+rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths, const int64_t* indices, int64_t n,
+                                   const rs_vocabulary_unknown* unknown) {
+    if (n < 0 || (n && (!words || !lengths || !indices)) || !unknown || unknown->default_id < -1 ||
+        unknown->oov_start < 0 || unknown->oov_buckets > (uint64_t)INT64_MAX ||
+        (unknown->oov_buckets && (uint64_t)unknown->oov_start > (uint64_t)INT64_MAX - unknown->oov_buckets))
         return NULL;
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -45,6 +49,8 @@ rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths,
     rs_vocabulary* v = calloc(1, sizeof *v);
     if (!v)
         return NULL;
+    v->unknown = *unknown;
+    v->longest = -1; /* no word yet: every string is unknown */
     v->mask = capacity - 1;
     v->table = malloc(capacity * sizeof(entry));
     v->words = malloc((size_t)(total ? total : 1));
@@ -58,7 +64,7 @@ rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths,
         memcpy(v->words, words, (size_t)total);
     int64_t offset = 0;
     for (int64_t i = 0; i < n; offset += lengths[i], i++) {
-        if (!lengths[i])
+        if (!lengths[i] && unknown->empty_is_padding)
             continue;
         uint64_t hash = rs_fnv1a64(v->words + offset, lengths[i]);
         entry* e = find(v, v->words + offset, lengths[i], hash);
@@ -69,15 +75,32 @@ rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths,
     return v;
 }
 
-void rs_vocabulary_spans(const rs_vocabulary* v, const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out) {
+void rs_vocabulary_spans(const rs_vocabulary* v, const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out,
+                         rs_vocabulary_bucket_fn bucket) {
+    const rs_vocabulary_unknown* u = &v->unknown;
     for (int64_t i = 0; i < n; i++) {
         int64_t start = spans[2 * i], length = spans[2 * i + 1];
-        if (!length || length > v->longest) {
+        if (!length && u->empty_is_padding) {
             out[i] = -1;
             continue;
         }
-        const entry* e = find(v, data + start, length, rs_fnv1a64(data + start, length));
-        out[i] = e->length < 0 ? -1 : e->index;
+        if (length <= v->longest) {
+            const entry* e = find(v, data + start, length, rs_fnv1a64(data + start, length));
+            if (e->length >= 0) {
+                out[i] = e->index;
+                continue;
+            }
+        }
+        if (!u->oov_buckets) {
+            out[i] = u->default_id;
+            continue;
+        }
+        int64_t pair[2] = {start, length};
+        if (length)
+            bucket(data, pair, 1, u->oov_buckets, pair);
+        else
+            pair[0] = (int64_t)(RS_FINGERPRINT64_EMPTY % u->oov_buckets);
+        out[i] = u->oov_start + pair[0];
     }
 }
 

@@ -2,9 +2,11 @@
  * model version (rs_servable_add_vocabulary) and read by every request without locks.
  *
  * The C twin of recserve.embedding.StringKeys's vocabulary keying, which is the spec: a
- * string's key is the index the Python side passed for its bytes, -1 (padding) when absent;
- * the empty string is padding (-1) whatever the vocabulary holds. Bytes are compared as
- * bytes: a request string that is not valid UTF-8 matches no word and gets -1, as in Python.
+ * string's key is the index the Python side passed for its bytes. A string that is no word
+ * gets `default_id` (-1: padding), or `oov_start + Fingerprint64(string) % oov_buckets` when
+ * oov_buckets > 0. The empty string is padding (-1) when `empty_is_padding`, else a string
+ * like any other (a word if listed). Bytes are compared as bytes: a request string that is
+ * not valid UTF-8 matches no word, as in Python.
  *
  * Immutable once built: any number of threads may look strings up at once.
  */
@@ -23,13 +25,33 @@ static inline uint64_t rs_fnv1a64(const uint8_t* key, int64_t size) {
     return h;
 }
 
+/* What a vocabulary gives strings that are no word (see above). */
+typedef struct {
+    int64_t default_id;    /* >= -1 */
+    uint64_t oov_buckets;  /* 0: none */
+    int64_t oov_start;     /* >= 0 */
+    int empty_is_padding;
+} rs_vocabulary_unknown;
+
+/* Fingerprint64 (farmhash) of the empty string: its bucket, which the engine's
+ * rs_bucket_spans leaves -1 (padding). */
+#define RS_FINGERPRINT64_EMPTY 0x9ae16a3b2f90404fULL
+
+/* The engine's bucket hash (rs_bucket_spans_fn's shape): Fingerprint64 % buckets, '' -1. */
+typedef void (*rs_vocabulary_bucket_fn)(const uint8_t* data, const int64_t* spans, int64_t n, uint64_t buckets,
+                                        int64_t* out);
+
 /* n words, back to back in `words` (word i is lengths[i] bytes), word i keyed indices[i]
- * (>= 0). A word given twice keeps its last index (a Python dict's update). Empty words are
- * left out ('' is padding). NULL when out of memory or the arguments are malformed. */
-rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths, const int64_t* indices, int64_t n);
+ * (>= 0). A word given twice keeps its last index (a Python dict's update). An empty word is
+ * left out when unknown->empty_is_padding. NULL when out of memory or the arguments are
+ * malformed. */
+rs_vocabulary* rs_vocabulary_build(const uint8_t* words, const int64_t* lengths, const int64_t* indices, int64_t n,
+                                   const rs_vocabulary_unknown* unknown);
 /* The key of the n strings data[start:start + length] of the (start, length) pairs in
- * `spans`; `out` may be `spans` itself (key i is written after pair i is read). */
-void rs_vocabulary_spans(const rs_vocabulary* v, const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out);
+ * `spans`; `out` may be `spans` itself (key i is written after pair i is read). `bucket`
+ * hashes the strings that go to OOV buckets. */
+void rs_vocabulary_spans(const rs_vocabulary* v, const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out,
+                         rs_vocabulary_bucket_fn bucket);
 void rs_vocabulary_free(rs_vocabulary* v);
 
 #endif

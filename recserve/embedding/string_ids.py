@@ -63,12 +63,6 @@ class StringKeys:
         what the native route builds its lookup table from. Do not modify."""
         return self._index
 
-    @property
-    def native_keyed(self) -> bool:
-        """Whether the native request route keys these strings as this does: XXH64, hash
-        buckets, or a vocabulary's `indices` with '' and unknown words -1 (padding)."""
-        return self.empty_is_padding and self.default_id == -1 and not self.oov_buckets
-
     @staticmethod
     def _empty_key(buckets: int) -> int:
         from recserve.embedding._purekeys import fingerprint64

@@ -10,8 +10,11 @@ it. Semantics implemented here:
   Fingerprint64 modulo the buckets -- here the one exception to "never the engine": the
   engine's pure-Python Fingerprint64 (recserve/embedding/_purekeys.py, checked against
   TensorFlow itself in tests/convert/test_tf_string_hash.py; serving uses the C one); with a
-  `vocabulary`, a string's key is its (last) position in the list, -1 (padding) when absent
-  or empty;
+  `vocabulary`, a string's key is `vocabulary_start` + its (last) position in the list
+  (null entries are ids no string has); an absent string gets `oov_start` + Fingerprint64 %
+  `oov_buckets` when there are OOV buckets, else `default_id` (-1: padding); the empty
+  string is padding unless `empty_is_padding` is false (buckets and vocabularies: then it is
+  a string like any other);
 - padding (-1) gives a zero row; an unknown key gives the table default: zeros, or for
   `{"normal": ...}` the row the algorithm in recserve/embedding/__init__.py's docstring
   defines (splitmix64 streams, Box-Muller in double, rounded to float32), derived here
@@ -225,13 +228,25 @@ def _keys(binding: EmbeddingBinding, ids: Any) -> np.ndarray:
         return np.asarray(ids).astype(np.int64)
     arr = np.asarray(ids, dtype=object)
     flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.reshape(-1)]
-    if binding.vocabulary:
-        position = {word.encode("utf-8"): i for i, word in enumerate(binding.vocabulary)}
-        hashed = [position.get(v, -1) if v else -1 for v in flat]
-    elif binding.buckets:
-        from recserve.embedding._purekeys import fingerprint64
+    from recserve.embedding._purekeys import fingerprint64
 
-        hashed = [fingerprint64(v) % binding.buckets if v else -1 for v in flat]
+    padding = binding.empty_is_padding
+    if binding.vocabulary:
+        position = {word.encode("utf-8"): binding.vocabulary_start + i for i, word in enumerate(binding.vocabulary)
+                    if word is not None}
+
+        def key(v: bytes) -> int:
+            if not v and padding:
+                return -1
+            if v in position:
+                return position[v]
+            if binding.oov_buckets:
+                return binding.oov_start + fingerprint64(v) % binding.oov_buckets
+            return binding.default_id
+
+        hashed = [key(v) for v in flat]
+    elif binding.buckets:
+        hashed = [fingerprint64(v) % binding.buckets if v or not padding else -1 for v in flat]
     else:
         hashed = [np.uint64(xxhash.xxh64_intdigest(v, seed=0)).view(np.int64) if v else -1
                   for v in flat]

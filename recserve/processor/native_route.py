@@ -58,7 +58,7 @@ _SERVED, _WALL_NS, _COUNTERS = 10, 11, 12
 _INFO_SERVABLE, _INFO_BATCH, _INFO_T0, _INFO_SIZE = 0, 1, 2, 8
 _ROUTE_FORMAT = 2
 # How a string input's ids become keys (KEY_* in native/route.c).
-_KEY_XXH64, _KEY_BUCKETS, _KEY_VOCABULARY = 0, 1, 2
+_KEY_XXH64, _KEY_BUCKETS, _KEY_VOCABULARY, _KEY_BUCKETS_EMPTY = 0, 1, 2, 3  # route.c's KEY_*
 # RS_ELEM_* (ONNX TensorProto element types) of the dtypes the route feeds.
 _ELEM = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9,
          np.dtype(np.float64): 11}
@@ -97,7 +97,7 @@ def _load() -> ctypes.CDLL | None:
             "rs_slot_count": (None, [p, ctypes.c_int32]),
             "rs_slot_counters": (i64, [p, p, i64]),
             "rs_servable_create": (p, [i64, p, p, p, p, p]),
-            "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64]),
+            "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64, i64, i64, i64, ctypes.c_int32]),
             "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
             "rs_servable_refuse_layout": (ctypes.c_int, [p, ctypes.c_char_p, i64]),
             "rs_servable_routes": (i64, [p]),
@@ -355,7 +355,8 @@ class NativeServable:
         lengths = np.array([len(word) for word, _ in words], np.int64)
         indices = np.array([index for _, index in words], np.int64)
         handle = int(_LIB.rs_servable_add_vocabulary(self.address, blob, lengths.ctypes.data,  # type: ignore[union-attr]
-                                                     indices.ctypes.data, len(words)))
+                                                     indices.ctypes.data, len(words), keys.default_id,
+                                                     keys.oov_buckets, keys.oov_start, int(keys.empty_is_padding)))
         if handle:
             self._vocabularies[id(keys)] = (keys, handle)
         else:
@@ -457,9 +458,9 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
-        if not keys.native_keyed:
-            return None   # unknown words to OOV buckets or a default id, '' not padding: keyed in Python
         if keys.vocabulary:
+            if keys.oov_buckets >= 1 << 63:
+                return None   # no int64 holds it
             handle = vocabulary(keys) if vocabulary is not None else 0
             if not handle:
                 return None
@@ -467,7 +468,7 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
         elif keys.buckets:
             if keys.buckets >= 1 << 63:
                 return None   # no int64 in the description holds it (TensorFlow's own are int64)
-            ints += [first, stop, _KEY_BUCKETS, keys.buckets]
+            ints += [first, stop, _KEY_BUCKETS if keys.empty_is_padding else _KEY_BUCKETS_EMPTY, keys.buckets]
         else:
             ints += [first, stop, _KEY_XXH64, 0]
     tasks = plan_layout.tasks

@@ -108,7 +108,7 @@ static void setup(void) {
 static int64_t add_vocabulary(rs_servable* s) {
     static const uint8_t words[] = "abc" "\xe5\x8c\x97" "\xff\xfe" "abc" "zz";
     static const int64_t lengths[] = {1, 2, 3, 2, 0, 1, 2}, indices[] = {0, 1, 2, 3, 4, 7, 100};
-    int64_t handle = rs_servable_add_vocabulary(s, words, lengths, indices, 7);
+    int64_t handle = rs_servable_add_vocabulary(s, words, lengths, indices, 7, -1, 0, 0, 1);
     CHECK(handle != 0);
     return handle;
 }

@@ -209,3 +209,32 @@ def test_threads_key_strings_natively_while_versions_swap(tmp_path: Path, monkey
         assert sum(served) > 0 and _served(p) > before
     finally:
         p.close()
+
+
+@pytest.fixture(scope="module")
+def keras_model(tmp_path_factory: pytest.TempPathFactory) -> StringKeyedModel:
+    return build_string_keyed(tmp_path_factory.mktemp("keras_strings"), output_features=True, keras=True)
+
+
+def test_keras_keying_is_native_too(keras_model: StringKeyedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys as converted Keras layers have them ('' a string like any other, unknown words to
+    OOV buckets or a default id, vocabularies starting past 0) are served natively, byte for
+    byte the Python route's, with the embeddings the reference computes."""
+    processor = Processor(keras_model.config())
+    try:
+        reference = Reference(keras_model.model_dir, keras_model.checkpoint_dir)
+        rng = np.random.default_rng(21)
+        before = _fallbacks(processor)
+        for batch in (1, 5, 64, 1, 64):
+            for _ in range(3):
+                request = keras_model.sample(batch, rng)
+                request["genre"][0] = b""          # '' is a word's place here, not padding
+                request["user"][-1] = b""
+                request["genre"][-1] = b"no such genre"
+                data = encode_request(request)
+                _assert_native_equals_python(processor, data, monkeypatch)
+                got, want = decode_response(processor.process(data)[1]), reference.predict(request)
+                np.testing.assert_array_equal(got["features"], want["features"])
+        assert _fallbacks(processor) == {**before, "route_miss": before["route_miss"] + 3}
+    finally:
+        processor.close()
