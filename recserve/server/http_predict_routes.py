@@ -40,7 +40,7 @@ from recserve.server.http_common import (
 )
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PredictCall", "PredictRoutes", "eas_response", "match", "predict_call", "route_model"]
+__all__ = ["PredictCall", "PredictRoutes", "eas_handler", "eas_response", "match", "predict_call", "route_model"]
 
 log = logging.getLogger("recserve.server")
 
@@ -98,7 +98,7 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
                 return error_response(status, result)
             return Response(result, media_type="application/json" if not body else PROTOBUF,
                             headers=served_headers(served))
-        return PredictCall("eas", route_model(kind, names), find, _eas_handler(body, served), respond_eas)
+        return PredictCall("eas", route_model(kind, names), find, eas_handler(body, served), respond_eas)
     name, version = names[0], names[1] if len(names) > 1 else None
     if header_length is not None and not header_length.isdigit():
         raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header_length!r}")
@@ -125,7 +125,8 @@ def eas_response(outcome: Outcome, trace: RequestTrace | None) -> Response:
     return Response(result, media_type=PROTOBUF, headers=served_headers([trace] if trace is not None else []))
 
 
-def _eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
+def eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
+    """Processor.process on a PredictRequest's bytes; the request's trace is appended to `served`."""
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
         served.append(trace)
         status, result = processor.process(body, trace=trace)
