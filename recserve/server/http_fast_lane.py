@@ -139,7 +139,7 @@ class FastLane:
     def _model(self, kind: str, names: tuple[str, ...]) -> ModelEntry | None:
         models = self._ctx.models
         try:
-            return models.get(route_model(kind, names)) if kind == "kserve" or len(names) > 1 else (
+            return models.get(route_model(kind, names)) if kind != "eas" or len(names) > 1 else (
                 models.for_service(names[0]))
         except RecserveError:
             return None
@@ -213,11 +213,13 @@ class FastLane:
         return outcome
 
     def answer(self, route: FastRoute, headers: list[tuple[bytes, bytes]], body: bytes, arrived: float,
-               reply: Callable[[Answer], None]) -> Answer | Pending | None:
+               reply: Callable[[Answer], None], *, admitted_at_headers: bool = False) -> Answer | Pending | None:
         """The answer to a request `wants` took; PENDING when it waits to be merged with
         others (recserve.server.merging), and `reply` is called with its answer later, on the
         loop; None when it must take the ASGI route. `arrived`: when it was whole, at the
-        latest (time.monotonic() clock)."""
+        latest (time.monotonic() clock). `admitted_at_headers`: its whole body came in the
+        same pass of the loop as its headers, which `early_refusal` let through then (with
+        the same `arrived`): only a deadline is left to check."""
         ctx = self._ctx
         kind = route.kind
         try:
@@ -228,9 +230,10 @@ class FastLane:
                 elif name == _TIMEOUT:
                     timeout = value.decode("latin-1")
             deadline = deadline_from(timeout, arrived) if timeout is not None else None
-            refusal = self._refusal(route, arrived, deadline)
-            if refusal is not None:
-                return refusal
+            if deadline is not None or not admitted_at_headers:
+                refusal = self._refusal(route, arrived, deadline)
+                if refusal is not None:
+                    return refusal
             if kind == "eas" and body:
                 entry = route.entry
                 if ctx.merger.merges(entry):

@@ -66,12 +66,13 @@ class _FastCycle:
     its RequestResponseCycle (pipelining waits behind it, shutdown and connection loss mark
     it), without the ASGI scope, the Event and the dozen fields a cycle builds."""
 
-    __slots__ = ("body", "disconnected", "keep_alive", "response_complete", "response_started")
+    __slots__ = ("body", "disconnected", "headers_batch", "keep_alive", "response_complete", "response_started")
     message_event = _NO_WAITER
 
-    def __init__(self, keep_alive: bool) -> None:
+    def __init__(self, keep_alive: bool, headers_batch: float) -> None:
         self.body = b""
         self.keep_alive = keep_alive
+        self.headers_batch = headers_batch  # IoBatchClock.mark() of the read that ended its headers
         self.response_started = self.response_complete = self.disconnected = False
 
 
@@ -204,7 +205,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Any, refused: Any,
                         return
                     if fast_lane.wants(self.headers):
                         keep = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-                        self.cycle = self._held = _FastCycle(keep and not (self._draining or draining()))  # type: ignore[assignment]
+                        self.cycle = self._held = _FastCycle(  # type: ignore[assignment]
+                            keep and not (self._draining or draining()), self._batch)
                         self._held_route = route
                         self._arm(limits.body_seconds, body_timeouts)
                         return
@@ -284,7 +286,8 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Any, refused: Any,
 
         def _answer_fast(self, held: _FastCycle, route: FastRoute, lane: FastLane) -> None:
             answer = lane.answer(route, self.headers, held.body, self._batch,
-                                 lambda later: self._write_fast(held, route, later))
+                                 lambda later: self._write_fast(held, route, later),
+                                 admitted_at_headers=held.headers_batch == self._batch)
             if answer is None:
                 self._to_asgi(held)
             elif not isinstance(answer, Pending):
