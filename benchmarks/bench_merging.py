@@ -36,7 +36,11 @@ with a bare ASGI app under uvicorn (httptools, uvloop; benchmarks/peers/uvicorn_
 that reads the same body and answers 64 fixed bytes, 2 rounds of 5 s, the lower of each;
 recserve's CPU outside the handler = the process's CPU minus its
 recserve_request_cpu_seconds_total (with merging on, a merged run's CPU is shared out by
-rows)."""
+rows, and the merged requests' metrics are recorded inside the merged call, so they count
+as handler CPU there). The TF Serving REST and KServe v2 JSON rows post the same batch-1
+inputs as JSON (columns; v2 `inputs` with shape, datatype and data) to
+`/v1/models/default:predict` and `/v2/models/default/infer`. The machine is shared with
+other agents' jobs (load averages in the rows): compare within a row."""
 
 SECONDS = 5
 
@@ -127,27 +131,33 @@ def _refusal_cpu(root: Path, config: dict[str, Any], body: bytes) -> Row:
         server.stop(now=True)
 
 
-def _front_end_vs_bare(root: Path, config: dict[str, Any], body: bytes, batch: int, merging: int) -> Row:
+def _front_end_vs_bare(root: Path, config: dict[str, Any], body: bytes, batch: int, merging: int,
+                       route: str = "EAS HTTP", path: str = "/api/predict/default",
+                       content_type: str = "application/octet-stream") -> Row:
     """recserve's server CPU outside the request's handler per request against a bare
     uvicorn app's whole CPU per request, same body, same client, alternated."""
-    server = _Server(root, config | {"max_batch_size": merging}, f"front{batch}-{merging}")
+    name = f"front{batch}-{merging}-{route.split()[0]}"
+    server = _Server(root, config | {"max_batch_size": merging}, name)
     answer = root / f"answer{batch}.bin"
     answer.write_bytes(b"\0" * 64)
     bare_port = free_port()
     bare = subprocess.Popen([sys.executable, "-m", "benchmarks.peers.uvicorn_fixed", str(bare_port), str(answer)],
                             cwd=ROOT)
-    bare_url = f"http://127.0.0.1:{bare_port}/api/predict/default"
-    script = post_script(root, body, f"front{batch}")
+    url, bare_url = f"{server.base}{path}", f"http://127.0.0.1:{bare_port}{path}"
+    script = post_script(root, body, name, content_type)
     try:
         wait_ready(f"{server.base}/v2/health/ready", server.process, what="recserve serve")
-        wait_ready(bare_url.replace("/api/predict/default", "/"), bare, what="bare uvicorn")
-        wrk(server.url, script, threads=1, connections=16, seconds=2)
+        wait_ready(f"http://127.0.0.1:{bare_port}/", bare, what="bare uvicorn")
+        checked = httpx.post(url, content=body, headers={"Content-Type": content_type})
+        assert checked.status_code == 200, checked.text
+        wrk(url, script, threads=1, connections=16, seconds=2)
         wrk(bare_url, script, threads=1, connections=16, seconds=2)
         ours, floor, loads = [], [], []
         for _ in range(2):
             loads.append(_load())
             before, handled = tree_cpu_seconds(server.process.pid), request_cpu_seconds(server.base)
-            r = wrk(server.url, script, threads=1, connections=16, seconds=SECONDS)
+            r = wrk(url, script, threads=1, connections=16, seconds=SECONDS)
+            assert r["non2xx"] == 0, r
             spent = tree_cpu_seconds(server.process.pid) - before - (request_cpu_seconds(server.base) - handled)
             ours.append(spent / r["requests"] * 1e6)
             before = tree_cpu_seconds(bare.pid)
@@ -155,13 +165,28 @@ def _front_end_vs_bare(root: Path, config: dict[str, Any], body: bytes, batch: i
             floor.append((tree_cpu_seconds(bare.pid) - before) / r["requests"] * 1e6)
         us, bare_us = min(ours), min(floor)
         return Row(
-            f"EAS HTTP batch {batch}, wrk -c16, merging {'on' if merging else 'off'}: server CPU per request outside "
+            f"{route} batch {batch}, wrk -c16, merging {'on' if merging else 'off'}: server CPU per request outside "
             f"the handler / a bare uvicorn app's CPU per request (load average {', '.join(loads)})",
             f"{us:.0f} us", f"bare uvicorn {bare_us:.0f} us", us / bare_us, "<= 1.3", us / bare_us <= 1.3)
     finally:
         server.stop()
         bare.terminate()
         bare.wait(timeout=30)
+
+
+_V2_TYPES = {"f": "FP32", "i": "INT64", "O": "BYTES"}
+
+
+def _json_lists(value: np.ndarray) -> Any:
+    return [v.decode() for v in value.tolist()] if value.dtype == object else value.tolist()
+
+
+def _json_bodies(inputs: dict[str, np.ndarray]) -> tuple[bytes, bytes]:
+    """The same inputs as a TF Serving REST predict body (columns) and a KServe v2 JSON one."""
+    tfserving = {"inputs": {k: _json_lists(v) for k, v in inputs.items()}}
+    v2 = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": _V2_TYPES[v.dtype.kind], "data": _json_lists(v)}
+                     for k, v in inputs.items()]}
+    return json.dumps(tfserving).encode(), json.dumps(v2).encode()
 
 
 def run() -> list[Row]:
@@ -178,6 +203,11 @@ def run() -> list[Row]:
         for batch in (1, 64):
             body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))
             rows += [_front_end_vs_bare(root, config, body, batch, merging) for merging in (0, 64)]
+        tfserving, v2 = _json_bodies(demo.sample_inputs(1, np.random.default_rng(1)))
+        rows.append(_front_end_vs_bare(root, config, tfserving, 1, 0, "TF Serving REST", "/v1/models/default:predict",
+                                       "application/json"))
+        rows.append(_front_end_vs_bare(root, config, v2, 1, 0, "KServe v2 JSON", "/v2/models/default/infer",
+                                       "application/json"))
         return rows
     finally:
         shutil.rmtree(root, ignore_errors=True)
