@@ -65,7 +65,19 @@ call limit (workers + queued + 64 for Health watches); then every call of the sa
 is refused by grpcio with RESOURCE_EXHAUSTED before it is read or reaches recserve's code,
 in grpcio's own Python. Against the minimal grpcio server answering 64 fixed bytes (batch-1
 request), alternated, lower of {ROUNDS} rounds. The limit is the server's, not one model's:
-gRPC's per-model admission is this sum (see docs/server.md, Admission)."""
+gRPC's per-model admission is this sum (see docs/server.md, Admission).
+
+Issue 25 (two runs minutes apart, at commits d8d4754 and ebd86cb, load average 4-6):
+beyond `Processor.process` EAS Predict cost 352 / 463 us against the floor's 260 / 332 us
+at batch 1 (1.35x / 1.40x; 1.90x in the run of commit 8e10a04) and 365 / 452 us against
+296 / 288 us at batch 64 (1.23x / 1.57x). The metrics (local_metrics), the lease and the
+native route's trace fill got cheaper; `Processor.process` itself fell from 106 to 12-15 us
+with the native route (DESIGN §10), so the handler's own overhead now dominates it (71-107
+us in the handler against 12-15 us in a loop: cold caches and the GIL handed between grpcio's
+threads), and 296-384 us go to grpcio and the servicer around the handler against the
+floor's 252-332 us for all of its work. Not met: what is left is inside grpcio's Python
+server per call, which recserve shares with the floor; the next step is measuring a
+grpc.aio server calling the native route without the executor hop."""
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes, metrics: str | None = None,
