@@ -163,6 +163,23 @@ def _c_rate(binary: Path, work: Path, config: Path, threads: int, rounds: int, n
     return int(match[1]) / float(match[2]), float(match[3]) / float(match[2])
 
 
+def _c_rate_processes(binary: Path, work: Path, config: Path, processes: int, rounds: int) -> tuple[float, float]:
+    """The control for thread scaling: `processes` independent one-thread C hosts at once,
+    sharing nothing (no process, library state or table). (requests/s summed, cores busy)."""
+    args = [library_path(), "serve", config, work / "req", work / "exp", 1, rounds]
+    hosts = [subprocess.Popen([str(binary), *map(str, args)], env=_route_env(True), stdout=subprocess.PIPE,
+                              text=True) for _ in range(processes)]
+    rate = busy = 0.0
+    for host in hosts:
+        out = host.communicate(timeout=600)[0]
+        match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+) cpu ([\d.]+)", out)
+        if host.returncode or not match:
+            raise RuntimeError(f"cabi_client failed: {out}")
+        rate += int(match[1]) / float(match[2])
+        busy += float(match[3]) / float(match[2])
+    return rate, busy
+
+
 def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float) -> tuple[float, float]:
     """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process."""
     counts = [0] * threads
@@ -237,6 +254,7 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
         for batch in batches:
             requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
             rates: dict[tuple[bool, int], tuple[float, float]] = {}
+            control: dict[int, tuple[float, float]] = {}
             for threads in (1, 2):
                 config = work / f"config{threads}.json"
                 config.write_text(json.dumps(plain.config(session_num=threads, intra_op_parallelism_threads=1,
@@ -252,6 +270,15 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                         rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
                         got = _c_rate(binary, work, config, threads, rounds, native)
                         rates[(native, threads)] = max(rates.get((native, threads), got), got)
+                    if threads == 2:   # the control, between the same runs: two hosts of one thread
+                        rounds = max(200, int(probe[True] * SCALING_SECONDS / 2))
+                        got = _c_rate_processes(binary, work, work / "config1.json", 2, rounds)
+                        control[batch] = max(control.get(batch, got), got)
+            (pair, busy_pair), (one, busy_one) = control[batch], rates[(True, 1)]
+            rows.append(Row(
+                name=f"control: 2 independent one-thread C hosts vs 1, plain DLRM, batch {batch} (cores busy "
+                     f"{busy_pair:.2f} vs {busy_one:.2f}): the most 2 threads can get on this machine",
+                value=f"{pair:,.0f} req/s", baseline=f"1 host {one:,.0f} req/s", ratio=pair / one, goal="", met=None))
             for native in (True, False):
                 (one, busy_one), (two, busy_two) = rates[(native, 1)], rates[(native, 2)]
                 rows.append(Row(

@@ -368,13 +368,16 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
         if not states:
             unknown += 1  # a state the soak did not compute: a bug, or a claim it cannot read
             if unknown <= 5:
-                print("unattributed claim", kind, claim, file=sys.stderr)
+                print(f"unattributed claim at {started - phases[0][0]:.3f} s:", kind, claim, "known states:", sorted(expected), file=sys.stderr)
             continue
         got = np.frombuffer(value, np.float32)
         if not any(got.shape == expected[s][index].ravel().shape
                    and np.allclose(got, expected[s][index].ravel(), atol=REFERENCE_ATOL, rtol=0) for s in states):
             wrong += 1
             wrong_by[f"{kind} during {phase_of(started)}: claimed {claim[0]}/{claim[1]}"] += 1
+            if wrong <= 5:  # what a failed run must show: the answer beside each state's
+                print(f"wrong answer at {started - phases[0][0]:.3f} s, {kind} request {index} claiming {claim}: got {got.tolist()},"
+                      f" expected one of {[(s, expected[s][index].ravel().tolist()) for s in states]}", file=sys.stderr)
     per_phase = {p: {"requests": len(v), "p50_ms": round(float(np.percentile(v, 50)) * 1e3, 2),
                      "p99_ms": round(float(np.percentile(v, 99)) * 1e3, 2)} for p, v in sorted(latency.items())}
     updates = [p for p in per_phase if p not in ("warmup", "steady", "end", *OUTAGES)]

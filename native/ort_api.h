@@ -33,6 +33,7 @@ typedef struct OrtSessionOptions OrtSessionOptions;
 typedef struct OrtThreadingOptions OrtThreadingOptions;
 typedef struct OrtTensorRTProviderOptionsV2 OrtTensorRTProviderOptionsV2;
 typedef struct OrtCUDAProviderOptionsV2 OrtCUDAProviderOptionsV2;
+typedef struct OrtPrepackedWeightsContainer OrtPrepackedWeightsContainer;
 
 /* Enumerations as the header numbers them (C enums are int-sized on every ABI ORT ships for). */
 typedef enum { RS_ORT_OK = 0, RS_ORT_FAIL = 1, RS_ORT_INVALID_ARGUMENT = 2 } OrtErrorCode;
@@ -147,8 +148,16 @@ struct OrtApi {
     RS_ORT_FN(SetGlobalInterOpNumThreads, OrtThreadingOptions *tp_options, int threads);      /* 148 */
     RS_ORT_FN(SetGlobalSpinControl, OrtThreadingOptions *tp_options, int allow_spinning);     /* 149 */
     RS_ORT_FN(AddInitializer, OrtSessionOptions *options, const char *name, const OrtValue *val); /* 150 */
-    void *slots_151_169[19]; /* CreateEnvWithCustomLoggerAndGlobalThreadPools, the V1 CUDA/ROCM/OpenVINO
-                                appends, arena configs, V1 TensorRT, GPU device id, prepacked containers */
+    void *slots_151_165[15]; /* CreateEnvWithCustomLoggerAndGlobalThreadPools, the V1 CUDA/ROCM/OpenVINO
+                                appends, arena configs, V1 TensorRT, GPU device id, AddRunConfigEntry */
+    RS_ORT_FN(CreatePrepackedWeightsContainer, OrtPrepackedWeightsContainer **out);           /* 166 */
+    void (*ReleasePrepackedWeightsContainer)(OrtPrepackedWeightsContainer *input);            /* 167 */
+    RS_ORT_FN(CreateSessionWithPrepackedWeightsContainer, const OrtEnv *env, const char *model_path,
+              const OrtSessionOptions *options, OrtPrepackedWeightsContainer *container,
+              OrtSession **out);                                                              /* 168 */
+    RS_ORT_FN(CreateSessionFromArrayWithPrepackedWeightsContainer, const OrtEnv *env, const void *model_data,
+              size_t model_data_length, const OrtSessionOptions *options,
+              OrtPrepackedWeightsContainer *container, OrtSession **out);                     /* 169 */
     RS_ORT_FN(SessionOptionsAppendExecutionProvider_TensorRT_V2, OrtSessionOptions *options,
               const OrtTensorRTProviderOptionsV2 *trt_options);                               /* 170 */
     RS_ORT_FN(CreateTensorRTProviderOptions, OrtTensorRTProviderOptionsV2 **out);             /* 171 */
@@ -197,7 +206,8 @@ _Static_assert(RS_ORT_SLOT(ReleaseAvailableProviders) == 126, "version 4 ends wi
 _Static_assert(RS_ORT_SLOT(AddSessionConfigEntry) == 130, "OrtApi layout");
 _Static_assert(RS_ORT_SLOT(SetGlobalSpinControl) == 149, "version 5 ends with SetGlobalSpinControl at 149");
 _Static_assert(RS_ORT_SLOT(AddInitializer) == 150, "OrtApi layout");
-_Static_assert(RS_ORT_SLOT(slots_151_169) + 19 == 170, "version 8 ends at 169");
+_Static_assert(RS_ORT_SLOT(CreatePrepackedWeightsContainer) == 166, "OrtApi layout");
+_Static_assert(RS_ORT_SLOT(CreateSessionFromArrayWithPrepackedWeightsContainer) == 169, "version 8 ends at 169");
 _Static_assert(RS_ORT_SLOT(SessionOptionsAppendExecutionProvider_TensorRT_V2) == 170, "OrtApi layout");
 _Static_assert(RS_ORT_SLOT(ReleaseTensorRTProviderOptions) == 174, "OrtApi layout");
 _Static_assert(RS_ORT_SLOT(SessionOptionsAppendExecutionProvider_CUDA_V2) == 204, "version 10 ends at 203");

@@ -46,6 +46,9 @@ typedef struct {
     OrtValue **init_values;
     char **init_names;
     size_t n_inits;
+    /* The sessions' prepacked MatMul/Gemm weights, one copy for all of them: a session given
+     * the shared initializers and prepacking on keeps its packed form here, not privately. */
+    OrtPrepackedWeightsContainer *prepacked;
     rs_session *sessions;
     size_t n_sessions, cap_sessions;
     char **input_names;      /* session 0's graph inputs: a run that misses one is told which */
@@ -181,7 +184,8 @@ RS_ORT_EXPORT void rs_ort_runner_free(void *handle) {
     rs_runner *r = handle;
     if (!r) return;
     for (size_t i = 0; i < r->n_sessions; i++) g_api->ReleaseSession(r->sessions[i].session);
-    /* after the sessions: they read the initializers until released */
+    /* after the sessions: they read the initializers and the packed weights until released */
+    if (r->prepacked) g_api->ReleasePrepackedWeightsContainer(r->prepacked);
     for (size_t i = 0; i < r->n_inits; i++) {
         if (r->init_values[i]) g_api->ReleaseValue(r->init_values[i]);
         free(r->init_names[i]);
@@ -213,6 +217,12 @@ RS_ORT_EXPORT void *rs_ort_runner_new(int policy, const rs_ort_initializer *init
     r->id = atomic_fetch_add(&g_next_runner_id, 1);
     r->policy = policy;
     r->n_inits = n_inits;
+    OrtStatus *made = g_api->CreatePrepackedWeightsContainer(&r->prepacked);
+    if (made) {
+        from_ort(made, err, "cannot create the prepacked weights container");
+        rs_ort_runner_free(r);
+        return NULL;
+    }
     for (size_t i = 0; i < n_inits; i++) {
         const rs_ort_initializer *in = &inits[i];
         r->init_names[i] = strdup(in->name);
@@ -353,8 +363,10 @@ RS_ORT_EXPORT int rs_ort_runner_add_session(void *handle, const void *model, siz
     ORT_TRY(g_api->CreateSessionOptions(&options), "cannot create session options");
     int rc = session_options(spec, r, s, options, err);
     if (rc == RS_OK) {
-        OrtStatus *st = model_len ? g_api->CreateSessionFromArray(g_env, model, model_len, options, &s->session)
-                                  : g_api->CreateSession(g_env, (const char *)model, options, &s->session);
+        OrtStatus *st = model_len ? g_api->CreateSessionFromArrayWithPrepackedWeightsContainer(
+                                        g_env, model, model_len, options, r->prepacked, &s->session)
+                                  : g_api->CreateSessionWithPrepackedWeightsContainer(
+                                        g_env, (const char *)model, options, r->prepacked, &s->session);
         if (st) rc = from_ort(st, err, NULL);
     }
     g_api->ReleaseSessionOptions(options);

@@ -81,6 +81,10 @@ class RedisLookupPlan:
                 table.release(token)
 
 
+# A delta as a replica applied it: (global_step, a reader of its rows, the apply function).
+AppliedDelta = tuple[int, Callable[[], Checkpoint], Callable[[Mapping[str, object], Checkpoint], int]]
+
+
 def _flat(table: str, id_arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([check_ids(table, a).reshape(-1) for a in id_arrays])
 
@@ -100,7 +104,7 @@ class RedisTableSet:
         readers: ThreadPoolExecutor,
         follower: VersionFollower,
         space: KeySpace,
-        deltas: list[tuple[int, Callable[[], Checkpoint]]],
+        deltas: list[AppliedDelta],
         wait_seconds: float,
     ) -> None:
         self.info = info
@@ -136,7 +140,7 @@ class RedisTableSet:
             changed = apply({name: table.invalidation for name, table in self.tables.items()}, delta)
         # Kept as a way to read it again, not as rows: a re-import needs them only if Redis
         # loses the version (one TF-format delta has no reader and is kept whole).
-        self._deltas.append((delta.ref.global_step, delta.with_tables or (lambda: delta)))
+        self._deltas.append((delta.ref.global_step, delta.with_tables or (lambda: delta), apply))
         return changed
 
     def lookup_plan(self, bindings: Sequence[tuple[str, str]]) -> RedisLookupPlan:
@@ -200,15 +204,15 @@ def open_redis_tables(
     space = KeySpace(model_name)
     conn = connect(config)
     readers: ThreadPoolExecutor | None = None
-    deltas: list[tuple[int, Callable[[], Checkpoint]]] = []  # (global_step, reader), as applied
+    deltas: list[AppliedDelta] = []  # as applied, in order
     # A replica given neither rows nor a way to read them (a worker process) never imports.
     can_import = reload is not None or bool(checkpoint.tables)
     try:
-        def import_version(applied: Sequence[tuple[int, Callable[[], Checkpoint]]] = (),
+        def import_version(applied: Sequence[AppliedDelta] = (),
                            wait: float = float(config.lock_timeout)) -> tuple[VersionInfo, bool]:
             return ensure_version(
                 conn, space, version, step,
-                (lambda: _checked_rows(bindings, with_deltas(source(), [read() for _, read in applied]), names))
+                (lambda: _checked_rows(bindings, with_deltas(source(), [read() for _, read, _ in applied]), names))
                 if can_import else None,
                 writers=config.update_thread_num,
                 lock_seconds=IMPORT_LOCK_SECONDS,
@@ -254,8 +258,17 @@ def open_redis_tables(
             # One that cannot import looks once and again at the follower's next round.
             _, imported = import_version(applied, float(config.lock_timeout) if can_import else 0.0)
             if imported:  # their rows are in: a replica applying one later only re-reads
-                for delta_step, _ in applied:
+                for delta_step, _, _ in applied:
                     mark_written(conn, space.delta(version, delta_step))
+                return
+            # Another replica imported it with the deltas *it* had applied, which may stop
+            # short of this one's (its updater lags, or it is the leader of workers that
+            # applied a newer delta first): each delta this replica's answers name is
+            # written again, once, by whichever replica claims its marker first; the
+            # follower serves again only after.
+            for delta_step, read, apply in applied:
+                write_once(conn, space.delta(version, delta_step), lambda: apply(tables, read()),  # noqa: B023
+                           lock_seconds=IMPORT_LOCK_SECONDS, wait_seconds=float(config.lock_timeout))
 
         follower = VersionFollower(conn, space, version, tables, reimport, follow_stream=config.redis_stream_updates)
         follower.start()

@@ -181,8 +181,7 @@ class Processor:
             except RecserveError:
                 raise
             except Exception as exc:
-                log.exception("model %r: predict failed", self.model_name)
-                raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
+                raise self._bug("predict", exc) from exc
 
     def serve(self, parsed: ParsedRequest | None, decode: Callable[[], DecodedRequest],
               trace: RequestTrace) -> dict[str, np.ndarray]:
@@ -194,8 +193,13 @@ class Processor:
             except RecserveError:
                 raise
             except Exception as exc:
-                log.exception("model %r: serve failed", self.model_name)
-                raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
+                raise self._bug("serve", exc) from exc
+
+    def _bug(self, what: str, exc: Exception) -> InternalError:
+        """An exception that is not a RecserveError escaped `what`: a bug. Logged here with
+        its traceback (the caller's `except` block is active), returned as the 500 callers see."""
+        log.exception("model %r: %s failed", self.model_name, what)
+        return InternalError(f"internal error: {type(exc).__name__}: {exc}")
 
     def process(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
         """(200, PredictResponse bytes) or (status, UTF-8 message). Never raises."""
@@ -218,9 +222,9 @@ class Processor:
                 return 200, servable.process(data, trace)
         except RecserveError as exc:
             return exc.status, exc.message.encode()
-        except Exception as exc:  # the C ABI's callers must never see an exception
-            log.exception("model %r: process failed", self.model_name)
-            return 500, f"internal error: {type(exc).__name__}: {exc}".encode()
+        except Exception as exc:  # noqa: BLE001  (logged by _bug; the C ABI's callers must never see one)
+            error = self._bug("process", exc)
+            return error.status, error.message.encode()
 
     def process_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
                      max_rows: int) -> list[tuple[int, bytes]]:
@@ -239,9 +243,8 @@ class Processor:
                 merged = servable.process_many([payloads[i] for i in merge], [traces[i] for i in merge], max_rows)
         except RecserveError as exc:
             merged = [exc] * len(merge)
-        except Exception as exc:  # the C ABI's callers must never see an exception
-            log.exception("model %r: process failed", self.model_name)
-            merged = [InternalError(f"internal error: {type(exc).__name__}: {exc}")] * len(merge)
+        except Exception as exc:  # noqa: BLE001  (logged by _bug; the C ABI's callers must never see one)
+            merged = [self._bug("process", exc)] * len(merge)
         for i, answer in zip(merge, merged):
             answers[i] = (200, answer) if isinstance(answer, bytes) else (answer.status, answer.message.encode())
         return answers

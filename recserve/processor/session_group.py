@@ -48,6 +48,7 @@ from recserve.runtime.providers import DeviceSettings, ProviderList, check_provi
 from recserve.runtime.session_options import ThreadSettings, build_session_options, session_option_values
 from recserve.runtime.session_policy import SessionPolicy
 from recserve.runtime.shared_weights import SharedInitializers
+from recserve.runtime.string_feeds import as_ort_strings
 from recserve.runtime.threads import global_thread_pools, use_global_thread_pools
 
 __all__ = ["PREPACK_AUTO_MAX_BYTES", "SessionGroup", "device_settings", "prepacks", "thread_settings"]
@@ -91,12 +92,16 @@ def device_settings(config: ProcessorConfig, index: int, stream: int | None = No
 PREPACK_AUTO_MAX_BYTES = 256 * 2**20
 
 
-def prepacks(config: ProcessorConfig, shared_bytes: int) -> bool:
+def prepacks(config: ProcessorConfig, shared_bytes: int, *, one_packed_copy: bool = False) -> bool:
     """Whether the sessions prepack MatMul/Gemm weights: prepack_weights, "auto" decided.
     Prepacked weights run faster (the DLRM MLP at batch 1: ~35% less time per run, and a
-    smaller cache footprint for the rest of the request) but are a private copy per session."""
+    smaller cache footprint for the rest of the request) and cost a packed copy: one for the
+    whole group where the sessions share it (`one_packed_copy`: the native runner's prepacked
+    weights container), else one per session (the Python binding has no such container).
+    Sessions that pack differently also round differently (a few float32 ulps), so a group
+    answers alike whatever its session_num only where one copy serves them all."""
     if config.prepack_weights == "auto":
-        return config.session_count == 1 and shared_bytes <= PREPACK_AUTO_MAX_BYTES
+        return (one_packed_copy or config.session_count == 1) and shared_bytes <= PREPACK_AUTO_MAX_BYTES
     return bool(config.prepack_weights)
 
 
@@ -227,7 +232,7 @@ class SessionGroup:
         native = shared_native and _native_env(config, graph)
         per_session_threads = _uses_own_pools(config, native)
         self.dense_overrides = self._shared.overridden
-        self.prepacking = prepacks(config, self._shared.nbytes)
+        self.prepacking = prepacks(config, self._shared.nbytes, one_packed_copy=native)
         self._streams = CudaStreams()
         self._sessions: list[ort.InferenceSession] = []
         self._direct_runs: list[Any] = []
@@ -241,6 +246,7 @@ class SessionGroup:
         shapes = _input_shapes(graph)
         del graph
         self._profile_settings: tuple[ThreadSettings, bool, list[Any]] | None = None
+        self._string_inputs: tuple[str, ...] = ()
         try:
             if native:
                 self._native = NativeRunner(policy=config.select_session_policy, initializers=self._shared.arrays)
@@ -268,6 +274,7 @@ class SessionGroup:
                 if v.name in by_name or (self.concat is not None and v.name in self.concat.parts)
             ]
             self.outputs = [GraphTensor.from_ort(a) for a in first.get_outputs()]
+            self._string_inputs = tuple(t.name for t in self.inputs if t.dtype == np.dtype(object))
             if config.max_batch_size > 0:
                 _check_batchable(self.inputs, "input")
                 _check_batchable(self.outputs, "output")
@@ -382,11 +389,19 @@ class SessionGroup:
                 raise RequestError(f"the model rejected the inputs: {exc}") from exc
         return feed
 
+    def _binding_feed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`feed` for the Python binding's sessions: string inputs as text (string_feeds)."""
+        for name in self._string_inputs:
+            if name in feed:
+                feed = {**feed, name: as_ort_strings(name, feed[name])}
+        return feed
+
     def _run_on(self, index: int, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         names = output_names if type(output_names) is list else list(output_names)
         feed = self._feed(feeds)
         if self._native is not None:
             return self._native.run_on(index, feed, names)  # raises RequestError / InternalError itself
+        feed = self._binding_feed(feed)
         try:
             try:
                 # The pybind session's run: InferenceSession.run is this call after checks the
@@ -414,7 +429,7 @@ class SessionGroup:
         self._shared.add_to(options)
         try:
             profiled = ort.InferenceSession(self._source, options, providers=providers)
-            outputs = profiled.run(list(output_names), self._feed(feeds))
+            outputs = profiled.run(list(output_names), self._binding_feed(self._feed(feeds)))
         except ort.capi.onnxruntime_pybind11_state.InvalidArgument as exc:
             raise RequestError(f"the model rejected the inputs: {exc}") from exc
         except Exception as exc:

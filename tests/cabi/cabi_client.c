@@ -171,9 +171,18 @@ static void* serve(void* arg) {
         int status = process_(w->model, w->requests->data[k], w->requests->size[k], &out, &size);
         if (status != w->expected->status[k] || size != w->expected->size[k] ||
             memcmp(out, w->expected->data[k], (size_t)size) != 0) {
-            if (w->mismatched++ == 0)
+            if (w->mismatched++ == 0) {
                 fprintf(stderr, "mismatch on request %d: status %d size %d: %.200s\n", k, status, size,
                         status == 200 ? "(bytes)" : (char*)out);
+                if (status == 200) { /* both answers in hex: a rounding apart, or unrelated? */
+                    fprintf(stderr, "  got      ");
+                    for (int b = 0; b < size && b < 64; b++) fprintf(stderr, "%02x", ((unsigned char*)out)[b]);
+                    fprintf(stderr, "\n  expected ");
+                    for (int b = 0; b < w->expected->size[k] && b < 64; b++)
+                        fprintf(stderr, "%02x", ((const unsigned char*)w->expected->data[k])[b]);
+                    fprintf(stderr, "\n");
+                }
+            }
         }
         free(out);
         w->sent++;

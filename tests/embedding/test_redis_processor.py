@@ -5,6 +5,7 @@ survive Redis being killed and restarted."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -192,6 +193,51 @@ def test_redis_restarted_empty_gets_the_version_back_with_its_deltas(demo: DemoM
     finally:
         for p in replicas:
             p.close()
+
+
+def test_a_replica_ahead_of_the_importer_writes_its_deltas_again(demo: DemoModel, redis_server: Any) -> None:
+    """Redis comes back empty and the replica that imports the version again is a delta
+    behind another (its updater polls less often): the other writes its newer delta again
+    before it serves, so it never answers the importer's older rows under its own step."""
+    from recserve.export import write_delta
+
+    tables = demo_tables()
+    user = tables["user"]
+    write_delta(demo.version_dir, {"user": (user.keys[:1000], np.full((1000, user.dim), 0.25, np.float32))},
+                global_step=2)
+    lagging = Processor({**redis_config(demo, redis_server), "redis_cache_rows": 1,
+                         "model_update_interval_seconds": 3600})
+    ahead = Processor({**redis_config(demo, redis_server), "redis_cache_rows": 1})
+    try:
+        inputs = demo.sample_inputs(64, np.random.default_rng(28))
+        at_two = Reference(demo.model_dir, demo.version_dir).predict(inputs)["probabilities"]
+        write_delta(demo.version_dir, {"user": (user.keys, np.full((len(user.keys), user.dim), -0.5, np.float32))},
+                    global_step=3)
+        eventually(lambda: ahead.model_info()["delta_step"] == 3, "the second replica at delta 3")
+        assert lagging.model_info()["delta_step"] == 2
+        at_three = Reference(demo.model_dir, demo.version_dir)
+        # The lagging replica imports first: the other's follower waits until it has.
+        follower = ahead._manager.current.redis.follower  # type: ignore[union-attr]
+        imported = threading.Event()
+        own_reimport = follower._reimport
+
+        def after_the_other() -> None:
+            assert imported.wait(30), "the lagging replica never imported"
+            own_reimport()
+
+        follower._reimport = after_the_other  # type: ignore[method-assign]
+        redis_server.kill()
+        redis_server.start()
+        eventually(lambda: _works(lagging, inputs), "the lagging replica imported the version again")
+        np.testing.assert_allclose(lagging.predict(inputs)["probabilities"], at_two, atol=ATOL, rtol=0)
+        imported.set()
+        eventually(lambda: _works(ahead, inputs), "the replica ahead serving again")
+        assert ahead.model_info()["delta_step"] == 3
+        want = assert_answers_like_reference([ahead], at_three, inputs)
+        assert not np.allclose(want["probabilities"], at_two, atol=ATOL, rtol=0)  # delta 3 changed them
+    finally:
+        lagging.close()
+        ahead.close()
 
 
 def test_a_lost_version_whose_files_are_gone_gives_way_to_the_newest_readable(
