@@ -36,7 +36,7 @@ from recserve.server.admission import OverloadedError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Outcome
 from recserve.server.http_common import TIMEOUT_HEADER, Handler, deadline_from, error_response
-from recserve.server.http_predict_routes import eas_handler, match, predict_call, route_model
+from recserve.server.http_predict_routes import eas_handler, match, predict_call, route_model, tfserving_handler
 from recserve.server.registry import ModelEntry
 
 __all__ = ["PENDING", "Answer", "FastLane", "FastRoute", "Pending"]
@@ -65,10 +65,10 @@ def _answer_of(response: Response) -> Answer:
     return response.status_code, b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers), response.body
 
 
-def eas_answer(outcome: Outcome, trace: RequestTrace | None) -> Answer:
-    """An EAS prediction's answer (non-empty request): the PredictResponse bytes with the
-    answering version's headers, in the order Starlette's Response would write them; or
-    the JSON error."""
+def _served_answer(outcome: Outcome, trace: RequestTrace | None, content_type: bytes) -> Answer:
+    """A prediction's answer: its bytes with the answering version's headers, in the order
+    Starlette's Response would write them (http_common.served_headers, then length and
+    type); or the JSON error."""
     status, result = outcome
     if status != 200:
         return _answer_of(error_response(status, result))
@@ -77,7 +77,12 @@ def eas_answer(outcome: Outcome, trace: RequestTrace | None) -> Answer:
             trace.model_version.encode("latin-1"), trace.delta_step, len(result))
     else:
         head = b"content-length: %d\r\n" % len(result)
-    return 200, head + b"content-type: application/octet-stream\r\n", result
+    return 200, head + content_type, result
+
+
+def eas_answer(outcome: Outcome, trace: RequestTrace | None) -> Answer:
+    """An EAS prediction's answer (non-empty request): PredictResponse bytes, or the JSON error."""
+    return _served_answer(outcome, trace, b"content-type: application/octet-stream\r\n")
 
 
 _UNSEEN: object = object()
@@ -245,6 +250,13 @@ class FastLane:
                 served: list[RequestTrace] = []
                 outcome = self._run_inline(route, eas_handler(body, served))
                 return eas_answer(outcome, served[0] if served else None)
+            if kind == "tfserving":
+                if not ctx.inline.inline(route.model, len(body)):
+                    return None
+                served = []
+                version = route.names[1] if len(route.names) > 1 else None
+                outcome = self._run_inline(route, tfserving_handler(body, version, served))
+                return _served_answer(outcome, served[0] if served else None, b"content-type: application/json\r\n")
             call = predict_call(ctx, kind, route.names, body, header_length)
             if not ctx.inline.inline(call.model, len(body)):
                 return None

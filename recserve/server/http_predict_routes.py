@@ -175,7 +175,7 @@ def tfserving_handler(body: bytes, version: str | None, served: list[RequestTrac
         with trace.span("decode"):
             doc = _json_body(body)
             name = doc.get("signature_name") if isinstance(doc, dict) else None
-            call = tfserving.decode_predict(doc, processor.signature_info(name if isinstance(name, str) else None))
+            call = tfserving.decode_predict(doc, processor.signature_description(name if isinstance(name, str) else None))
         outputs = processor.predict(call.inputs, None, signature_name=call.signature_name, trace=trace)
         with trace.span("encode"):
             return 200, json.dumps(tfserving.encode_predict(outputs, call.rows)).encode()
