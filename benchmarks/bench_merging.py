@@ -43,19 +43,22 @@ inputs as JSON (columns; v2 `inputs` with shape, datatype and data) to
 other agents' jobs (load averages in the rows): compare within a row.
 
 Issue 25's front end (this run against the rows before it, commit 4760606, load average
-8-13 then): outside the handler EAS batch 1 39 us (was 100), batch 64 59 us (was 105);
-merging on 30 / 36 us (was 49 / 54); a refusal at the headers 24 us (was 35). What went:
-prometheus_client's per-request updates (~13-19 us; now plain numbers exported at scrape,
+8-13 then; a run 40 minutes earlier, commit 05cf3ce, in brackets): outside the handler EAS
+batch 1 40 us (39; was 100), batch 64 45 us (59; was 105); merging on 27 / 35 us (30 / 36;
+was 49 / 54); a refusal at the headers 21 us (24; was 35); TF Serving REST 62 us (82) and
+KServe v2 JSON 72 us (78) against ~32-37 us bare. What went: prometheus_client's
+per-request updates (~13-19 us; now plain numbers exported at scrape,
 recserve.server.local_metrics, ~3-5 us), uvicorn's ASGI scope, RequestResponseCycle and
 asyncio.Event for a fast-lane request, three timers per request (one watchdog per
-connection), the route and model looked up three times, Starlette's Response for an EAS
-answer, and the admission steps of a request that starts at once. Merging on / off fell
-to 1.16x because merging off doubled (9,232 vs 4,605 req/s): an unmerged batch-1 request
-is served by the native route (parse, lookup, run, encode in C; `Processor.process`
-12-15 us in-process), while a merged run still decodes, looks up and encodes each of its
-requests in Python (recserve.processor.merged_runs; 55-59 us a request in-process with 64
-connections, against 55-70 us unmerged). 2x needs the merged path in C: the native route
-taking several requests' rows into one run."""
+connection), the route and model looked up three times, Starlette's Response for an EAS or
+TF Serving answer, the admission steps of a request that starts at once, and TF Serving's
+signature description rebuilt per request. Merging on / off is 1.47x here (1.16x in the
+earlier run) against 1.48x before because merging off doubled (9,034 and 9,232 vs 4,605
+req/s): an unmerged batch-1 request is served by the native route (parse, lookup, run,
+encode in C; `Processor.process` 12-15 us in-process), while a merged run still decodes,
+looks up and encodes each of its requests in Python (recserve.processor.merged_runs; 55-59
+us a request in-process with 64 connections, against 55-70 us unmerged). 2x needs the
+merged path in C: the native route taking several requests' rows into one run."""
 
 SECONDS = 5
 
