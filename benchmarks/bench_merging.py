@@ -53,8 +53,8 @@ asyncio.Event for a fast-lane request, three timers per request (one watchdog pe
 connection), the route and model looked up three times, Starlette's Response for an EAS or
 TF Serving answer, the admission steps of a request that starts at once, and TF Serving's
 signature description rebuilt per request. Merging on / off is 1.47x here (1.16x in the
-earlier run) against 1.48x before because merging off doubled (9,034 and 9,232 vs 4,605
-req/s): an unmerged batch-1 request is served by the native route (parse, lookup, run,
+earlier run; 1.48x before): both sides got faster, and merging off doubled (9,034 and 9,232
+vs 4,605 req/s) because an unmerged batch-1 request is served by the native route (parse, lookup, run,
 encode in C; `Processor.process` 12-15 us in-process), while a merged run still decodes,
 looks up and encodes each of its requests in Python (recserve.processor.merged_runs; 55-59
 us a request in-process with 64 connections, against 55-70 us unmerged). 2x needs the
