@@ -36,7 +36,7 @@ from recserve.server.admission import OverloadedError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Outcome
 from recserve.server.http_common import TIMEOUT_HEADER, Handler, deadline_from, error_response
-from recserve.server.http_predict_routes import eas_handler, match, predict_call, route_model, tfserving_handler
+from recserve.server.http_predict_routes import eas_handler, match, predict_call, route_model
 from recserve.server.registry import ModelEntry
 
 __all__ = ["PENDING", "Answer", "FastLane", "FastRoute", "Pending"]
@@ -78,6 +78,9 @@ def _served_answer(outcome: Outcome, trace: RequestTrace | None, content_type: b
     else:
         head = b"content-length: %d\r\n" % len(result)
     return 200, head + content_type, result
+
+
+_JSON = b"content-type: application/json\r\n"
 
 
 def eas_answer(outcome: Outcome, trace: RequestTrace | None) -> Answer:
@@ -250,17 +253,16 @@ class FastLane:
                 served: list[RequestTrace] = []
                 outcome = self._run_inline(route, eas_handler(body, served))
                 return eas_answer(outcome, served[0] if served else None)
-            if kind == "tfserving":
-                if not ctx.inline.inline(route.model, len(body)):
-                    return None
-                served = []
-                version = route.names[1] if len(route.names) > 1 else None
-                outcome = self._run_inline(route, tfserving_handler(body, version, served))
-                return _served_answer(outcome, served[0] if served else None, b"content-type: application/json\r\n")
             call = predict_call(ctx, kind, route.names, body, header_length)
             if not ctx.inline.inline(call.model, len(body)):
                 return None
-            return _answer_of(call.respond(self._run_inline(route, call.handler)))
+            status, result = outcome = self._run_inline(route, call.handler)
+            trace = call.served[0] if call.served else None
+            if status == 200 and kind == "tfserving":
+                return _served_answer(outcome, trace, _JSON)
+            if status == 200 and kind == "kserve" and result[1] is None:  # a JSON answer (no binary part)
+                return _served_answer((200, result[0]), trace, _JSON)
+            return _answer_of(call.respond(outcome))
         except RecserveError as exc:
             return _answer_of(error_response(exc.status, exc.message))
         except Exception as exc:  # a bug here must answer 500 and keep serving

@@ -89,6 +89,7 @@ class PredictCall:
     find: Callable[[], ModelEntry]
     handler: Handler
     respond: Callable[[Outcome], Response]
+    served: list[RequestTrace]  # the trace of the handler's run, once it ran
 
 
 def route_model(kind: str, names: tuple[str, ...]) -> str:
@@ -113,7 +114,7 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
                 return error_response(status, result)
             return Response(result, media_type="application/json" if not body else PROTOBUF,
                             headers=served_headers(served))
-        return PredictCall("eas", route_model(kind, names), find, eas_handler(body, served), respond_eas)
+        return PredictCall("eas", route_model(kind, names), find, eas_handler(body, served), respond_eas, served)
     name, version = names[0], names[1] if len(names) > 1 else None
     if kind == "tfserving":
         def respond_tfserving(outcome: Outcome) -> Response:
@@ -122,7 +123,7 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
                 return error_response(status, result)
             return Response(result, media_type="application/json", headers=served_headers(served))
         return PredictCall("tfserving", name, lambda: ctx.models.get(name), tfserving_handler(body, version, served),
-                           respond_tfserving)
+                           respond_tfserving, served)
     if header_length is not None and not header_length.isdigit():
         raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header_length!r}")
 
@@ -136,7 +137,8 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
             return Response(payload, media_type="application/json", headers=headers)
         return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length), **headers})
     handler = _kserve_handler(body, int(header_length) if header_length is not None else None, version, served)
-    return PredictCall("kserve", route_model(kind, names), lambda: ctx.models.get(name), handler, respond_kserve)
+    return PredictCall("kserve", route_model(kind, names), lambda: ctx.models.get(name), handler, respond_kserve,
+                       served)
 
 
 def eas_response(outcome: Outcome, trace: RequestTrace | None) -> Response:
