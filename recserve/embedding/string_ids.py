@@ -21,7 +21,15 @@ class StringKeys:
     _index: dict[bytes, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._index.update((word.encode("utf-8"), i) for i, word in enumerate(self.vocabulary))
+        # '' is left out: the empty string is padding even where the list holds it (as
+        # TensorFlow's feature columns drop '' ids before the lookup).
+        self._index.update((word.encode("utf-8"), i) for i, word in enumerate(self.vocabulary) if word)
+
+    @property
+    def indices(self) -> dict[bytes, int]:
+        """The vocabulary's UTF-8 words and their keys (a word listed twice: its last index);
+        what the native route builds its lookup table from. Do not modify."""
+        return self._index
 
     def keys(self, values: np.ndarray) -> np.ndarray:
         """int64 keys of an array of strings (str or bytes), same shape."""

@@ -51,6 +51,15 @@ def _worst(processor: Processor, batches: list[dict[str, np.ndarray]], want: lis
     return worst
 
 
+def _assert_served_natively(processor: Processor, batches: list[dict[str, np.ndarray]]) -> None:
+    """After `_worst`: every request but the first of each layout (names, dtypes, shapes) was
+    answered by the native route -- hashed strings and vocabularies are keyed in C."""
+    layouts = {tuple((k, v.dtype.str, v.shape) for k, v in b.items()) for b in batches}
+    native = processor.model_info()["native_route"]
+    assert native["served"] == len(batches) - len(layouts), native
+    assert native["fallbacks"]["route_miss"] == len(layouts), native
+
+
 def _config(tf_model: Path, **fields: object) -> dict[str, object]:
     return {"savedmodel_dir": str(tf_model / "savedmodel"), "model_store_type": "local", **fields}
 
@@ -65,6 +74,7 @@ def test_savedmodel_serves_within_1e5_of_tensorflow(tf_model, tmp_path):
     processor = Processor(_config(tf_model))
     try:
         assert _worst(processor, batches, want) <= TOLERANCE
+        _assert_served_natively(processor, batches)
         # By tensor name, with an output filter by tensor name, as DeepRec's processor accepts.
         named = {f"{k}:0": v for k, v in batches[0].items()}
         status, body = processor.process(encode_request(named, output_filter=["prob:0"]))
@@ -240,5 +250,6 @@ def test_vocabulary_list_columns_are_converted(tmp_path):
         assert {k: len(b.vocabulary) for k, b in bindings.items()} == {"color": 4, "words": 50, "slot": 0}
         assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "none")
         assert _worst(processor, batches, want) <= TOLERANCE
+        _assert_served_natively(processor, batches)
     finally:
         processor.close()
