@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -91,6 +92,7 @@ class ServerMetrics:
         self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self._local = local
+        self._update_lock: AbstractContextManager[Any] = local.lock if local is not None else nullcontext()
         self._pool_registry: CollectorRegistry | None = None
         if pooled:
             self._pool_registry = CollectorRegistry()
@@ -114,37 +116,36 @@ class ServerMetrics:
                 failed[3].inc(cpu_seconds)
             return
         # labels() costs a lock and a dict lookup per metric (~15 us a request for all of
-        # them): a 200's children are looked up once per (model, route). Labels are bounded
-        # (configured models, known routes), so the cache is too.
+        # them): a 200's children are looked up once per (model, route), as the calls that
+        # record into them. Labels are bounded (configured models, known routes), so the
+        # cache is too.
         bound = self._ok.get((model, route))
         if bound is None:
-            bound = self._ok[(model, route)] = (
-                self.requests.labels(model, route, "200"), self.latency.labels(model, route),
-                tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
-                self.cpu.labels(model, route),
-            )
-        requests, latency, stages, batch, cpu = bound
+            bound = self._ok[(model, route)] = self._recorders(model, route)
+        count, latency, stages, batch, cpu = bound
         stage_seconds = _stage_seconds(trace)
         rows = trace.batch_size
-        if self._local is None:
-            requests.inc()
-            latency.observe(seconds)
-            cpu.inc(cpu_seconds)
-            for spent, histogram in zip(stage_seconds, stages):
+        with self._update_lock:
+            count(1.0)
+            latency(seconds)
+            cpu(cpu_seconds)
+            for spent, stage in zip(stage_seconds, stages):
                 if spent:
-                    histogram.observe(spent)
+                    stage(spent)
             if rows:
-                batch.observe(rows)
-            return
-        with self._local.lock:  # one lock for the request's values (local_metrics' add())
-            requests.add(1.0)
-            latency.add(seconds)
-            cpu.add(cpu_seconds)
-            for spent, histogram in zip(stage_seconds, stages):
-                if spent:
-                    histogram.add(spent)
-            if rows:
-                batch.add(rows)
+                batch(rows)
+
+    def _recorders(self, model: str, route: str) -> tuple[Any, ...]:
+        """The calls recording a 200 of (model, route): in one process local_metrics' add()
+        (the caller holds the lock, once for all of a request's values); in a worker pool
+        prometheus_client's inc() and observe(), each with its own lock."""
+        children = (self.requests.labels(model, route, "200"), self.latency.labels(model, route),
+                    tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
+                    self.cpu.labels(model, route))
+        count, latency, stages, batch, cpu = children
+        if self._local is not None:
+            return count.add, latency.add, tuple(s.add for s in stages), batch.add, cpu.add
+        return count.inc, latency.observe, tuple(s.observe for s in stages), batch.observe, cpu.inc
 
     def render(self) -> bytes:
         return generate_latest(self._pool_registry or self.registry)
