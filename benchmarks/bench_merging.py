@@ -42,23 +42,26 @@ inputs as JSON (columns; v2 `inputs` with shape, datatype and data) to
 `/v1/models/default:predict` and `/v2/models/default/infer`. The machine is shared with
 other agents' jobs (load averages in the rows): compare within a row.
 
-Issue 25's front end (this run against the rows before it, commit 4760606, load average
-8-13 then; a run 40 minutes earlier, commit 05cf3ce, in brackets): outside the handler EAS
-batch 1 40 us (39; was 100), batch 64 45 us (59; was 105); merging on 27 / 35 us (30 / 36;
-was 49 / 54); a refusal at the headers 21 us (24; was 35); TF Serving REST 62 us (82) and
-KServe v2 JSON 72 us (78) against ~32-37 us bare. What went: prometheus_client's
-per-request updates (~13-19 us; now plain numbers exported at scrape,
-recserve.server.local_metrics, ~3-5 us), uvicorn's ASGI scope, RequestResponseCycle and
-asyncio.Event for a fast-lane request, three timers per request (one watchdog per
-connection), the route and model looked up three times, Starlette's Response for an EAS or
-TF Serving answer, the admission steps of a request that starts at once, and TF Serving's
-signature description rebuilt per request. Merging on / off is 1.47x here (1.16x in the
-earlier run; 1.48x before): both sides got faster, and merging off doubled (9,034 and 9,232
-vs 4,605 req/s) because an unmerged batch-1 request is served by the native route (parse, lookup, run,
-encode in C; `Processor.process` 12-15 us in-process), while a merged run still decodes,
-looks up and encodes each of its requests in Python (recserve.processor.merged_runs; 55-59
-us a request in-process with 64 connections, against 55-70 us unmerged). 2x needs the
-merged path in C: the native route taking several requests' rows into one run."""
+Issue 25's front end: three runs of this section within an hour (commits 05cf3ce,
+fc2a168 and this one; load average 2-10 from other agents) against the rows before the
+work (commit 4760606, load average 8-13): outside the handler EAS batch 1 39-48 us, 1.08-1.21x
+bare (was 100 us, 3.13x), batch 64 45-59 us, 1.30-1.39x (was 105 us, 3.04x); merging on
+27-30 / 32-36 us (was 49 / 54); a refusal at the headers 21-24 us (was 35); TF Serving REST
+62-82 us and KServe v2 JSON 61-78 us against 29-37 us bare (2.1-2.5x; the JSON routes'
+heads became bytes and TF Serving's signature description is made once in the last two
+runs). What went: prometheus_client's per-request updates (~13-19 us; now plain numbers
+exported at scrape, recserve.server.local_metrics, ~3-5 us), uvicorn's ASGI scope,
+RequestResponseCycle and asyncio.Event for a fast-lane request, three timers per request
+(one watchdog per connection), the route and model looked up three times, Starlette's
+Response for an answer, and the admission steps of a request that starts at once.
+Merging on / off, one process: 1.16x, 1.47x, 1.24x in the three runs (1.48x before), p99
+lower with merging on in all three; `--workers 2`: 1.22x, 1.24x, 1.86x. Both sides got
+faster, and merging off doubled (8,835-9,232 vs 4,605 req/s) because an unmerged batch-1
+request is served by the native route (parse, lookup, run, encode in C; `Processor.process`
+12-15 us in-process), while a merged run still decodes, looks up and encodes each of its
+requests in Python (recserve.processor.merged_runs; 55-59 us a request in-process with 64
+connections, against 55-70 us unmerged). 2x needs the merged path in C: the native route
+taking several requests' rows into one run."""
 
 SECONDS = 5
 
