@@ -465,6 +465,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
+        if not keys.native_keyed:
+            return None   # unknown words to OOV buckets or a default id, '' not padding: keyed in Python
         if keys.vocabulary:
             handle = vocabulary(keys) if vocabulary is not None else 0
             if not handle:
