@@ -216,15 +216,23 @@ _ids = itertools.count(1)
 
 
 def _fill_trace(trace: RequestTrace, info: np.ndarray) -> None:
-    from recserve.processor.trace import STAGES, Span
+    from recserve.processor.trace import Span
 
-    version, ref = _served_by.get(int(info[_INFO_SERVABLE]), ("", lambda: None))
+    # On every natively served request: one tolist() of the info block, the spans made as
+    # plain tuples of the Span type (its generated __new__ is a Python call each).
+    servable_id, batch, t0, t1, t2, t3, t4, _ = info.tolist()  # the _INFO_* layout
+    version, ref = _served_by.get(servable_id, ("", _no_servable))
     servable = ref()
     trace.model_version = version
     trace.delta_step = servable.delta_step if servable is not None else 0
-    trace.batch_size = int(info[_INFO_BATCH])
-    times = info[_INFO_T0:_INFO_T0 + 5].tolist()
-    trace.spans.extend(Span(stage, times[i], times[i + 1]) for i, stage in enumerate(STAGES))
+    trace.batch_size = batch
+    new = tuple.__new__
+    trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", t1, t2)),
+                        new(Span, ("run", t2, t3)), new(Span, ("encode", t3, t4))))
+
+
+def _no_servable() -> None:
+    return None
 
 
 class PythonRunner:

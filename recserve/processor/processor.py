@@ -255,6 +255,12 @@ class Processor:
         with self._manager.acquire() as servable:
             return servable.signature(signature_name).describe()
 
+    def signature_description(self, signature_name: str | None = None) -> Mapping[str, Any]:
+        """`signature_info`, shared and made once per version's signature: read it, never
+        modify it (request paths read it on every request)."""
+        with self._manager.acquire() as servable:
+            return servable.signature(signature_name).description
+
     def signature_infos(self) -> dict[str, dict[str, Any]]:
         """Every signature's `signature_info`, by name, the default signature first."""
         with self._manager.acquire() as servable:

@@ -122,6 +122,12 @@ class Signature:
     inputs: Mapping[str, InputSpec]  # alias -> spec
     outputs: Mapping[str, GraphTensor]  # alias -> graph output
 
+    @cached_property
+    def description(self) -> Mapping[str, Any]:
+        """`describe()` made once, shared: for request paths that read it on every request
+        (TF Serving REST decodes by it); never to be modified."""
+        return self.describe()
+
     def describe(self) -> dict[str, Any]:
         return {
             "signature_name": self.name,

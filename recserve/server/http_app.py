@@ -20,7 +20,6 @@ from recserve import __version__
 from recserve.errors import RecserveError
 from recserve.server.context import ServerContext
 from recserve.server.http_common import error_response
-from recserve.server.http_inference import inference_router
 from recserve.server.http_predict_routes import PredictRoutes
 from recserve.server.http_status import status_router
 
@@ -30,8 +29,8 @@ log = logging.getLogger("recserve.server")
 
 
 def build_app(ctx: ServerContext) -> PredictRoutes:
-    """The server's ASGI app: the EAS and KServe prediction routes in front of the FastAPI
-    app of all the others."""
+    """The server's ASGI app: the EAS, KServe and TF Serving prediction routes in front of
+    the FastAPI app of all the others."""
     app = FastAPI(title="recserve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RecserveError)
@@ -60,6 +59,5 @@ def build_app(ctx: ServerContext) -> PredictRoutes:
         log.exception("%s %s failed", request.method, request.url.path)
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
-    app.include_router(inference_router(ctx))
     app.include_router(status_router(ctx))
     return PredictRoutes(app, ctx)

@@ -12,6 +12,11 @@ long, runs it with the same call (predict_call), admission, dispatcher, metrics 
 as PredictRoutes, or declines (None) when its model runs on worker threads, and the request
 takes the ASGI route unchanged.
 
+Per request, nothing is looked up twice: a URL's route and model are found once
+(`FastLane.route`, remembered per URL), and an EAS answer's head is written as bytes, not
+through Starlette's Response (the whole protocol's CPU around the handler, batch 1:
+see BENCHMARKS.md, bench_merging).
+
 Event loop only.
 """
 
@@ -29,19 +34,20 @@ from recserve.processor.trace import RequestTrace
 from recserve.server import kserve
 from recserve.server.admission import OverloadedError
 from recserve.server.context import ServerContext
-from recserve.server.http_common import TIMEOUT_HEADER, deadline_from, dispatch_inline, error_response
-from recserve.server.http_predict_routes import eas_response, match, predict_call, route_model
+from recserve.server.dispatch import Outcome
+from recserve.server.http_common import TIMEOUT_HEADER, Handler, deadline_from, error_response
+from recserve.server.http_predict_routes import eas_handler, match, predict_call, route_model
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PENDING", "FastLane", "Pending"]
+__all__ = ["PENDING", "Answer", "FastLane", "FastRoute", "Pending"]
 
 log = logging.getLogger("recserve.server")
 
 _TIMEOUT = TIMEOUT_HEADER.encode()
 _HEADER_LENGTH = kserve.HEADER_LENGTH.encode()
 # Headers whose presence sends a request the ASGI way: a body that is not the plain bytes
-# (compressed, chunked) or a client waiting for a 100 Continue.
-_ELSEWHERE = frozenset((b"content-encoding", b"transfer-encoding", b"expect"))
+# (compressed, chunked), a client waiting for a 100 Continue, or one asking to upgrade.
+_ELSEWHERE = frozenset((b"content-encoding", b"transfer-encoding", b"expect", b"upgrade"))
 
 
 class Pending:
@@ -50,8 +56,36 @@ class Pending:
 
 PENDING = Pending()
 
-def _head_and_body(response: Response) -> tuple[bytes, bytes]:
-    return b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers), response.body
+# An answer as the protocol writes it: status, its header lines after the status line
+# (each ending in CRLF, no blank line), body.
+Answer = tuple[int, bytes, bytes]
+
+
+def _answer_of(response: Response) -> Answer:
+    return response.status_code, b"".join(b"%s: %s\r\n" % pair for pair in response.raw_headers), response.body
+
+
+def _served_answer(outcome: Outcome, trace: RequestTrace | None, content_type: bytes) -> Answer:
+    """A prediction's answer: its bytes with the answering version's headers, in the order
+    Starlette's Response would write them (http_common.served_headers, then length and
+    type); or the JSON error."""
+    status, result = outcome
+    if status != 200:
+        return _answer_of(error_response(status, result))
+    if trace is not None and trace.model_version:
+        head = b"x-recserve-model-version: %s\r\nx-recserve-delta-step: %d\r\ncontent-length: %d\r\n" % (
+            trace.model_version.encode("latin-1"), trace.delta_step, len(result))
+    else:
+        head = b"content-length: %d\r\n" % len(result)
+    return 200, head + content_type, result
+
+
+_JSON = b"content-type: application/json\r\n"
+
+
+def eas_answer(outcome: Outcome, trace: RequestTrace | None) -> Answer:
+    """An EAS prediction's answer (non-empty request): PredictResponse bytes, or the JSON error."""
+    return _served_answer(outcome, trace, b"content-type: application/octet-stream\r\n")
 
 
 _UNSEEN: object = object()
@@ -61,73 +95,50 @@ _MAX_PATHS = 1024  # distinct URLs remembered; beyond, the memory starts again
 _NO_TRACE = RequestTrace()
 
 
+class FastRoute:
+    """What a prediction URL names: its route kind ("eas", "kserve"), the names in its path,
+    its model, and the key the InlinePolicy and the route's metrics know it by."""
+
+    __slots__ = ("entry", "find", "kind", "model", "names", "path")
+
+    def __init__(self, path: str, kind: str, names: tuple[str, ...], entry: ModelEntry) -> None:
+        self.path = path
+        self.kind = kind
+        self.names = names
+        self.entry = entry
+        self.model = route_model(kind, names)
+        self.find: Callable[[], ModelEntry] = lambda: entry  # registry entries never change
+
+
 class FastLane:
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
-        self._refusals: dict[str, tuple[bytes, bytes]] = {}  # model -> its full-wait 503
-        self._by_path: dict[bytes, tuple[str, ModelEntry] | None] = {}
+        self._refusals: dict[str, Answer] = {}  # model -> its full-wait 503
+        self._by_path: dict[bytes, FastRoute | None] = {}
+        # The protocol stops reading past HIGH_WATER_LIMIT bytes of body until the app asks
+        # for more: a body held here must fit below that.
+        self._max_body = min(ctx.inline.max_bytes, ctx.settings.max_request_bytes, HIGH_WATER_LIMIT)
 
-    def _refusal(self, entry: ModelEntry, route: str, arrived: float, deadline: float | None) -> Response | None:
-        """The 503 for a request that already waited past its model's max_queue_ms or its
-        deadline on a busy loop, or whose model's wait is full, refused before anything else
-        is done for it: under overload refusals are many, and each costs the requests that
-        are admitted (one refused here costs a fraction of one refused on the ASGI route)."""
-        try:
-            entry.admission.check_wait(arrived, deadline)
-            entry.admission.check_room()
-        except OverloadedError as exc:
-            self._ctx.metrics.observe(entry.name, route, exc.status, 0.0, RequestTrace())
-            return error_response(exc.status, exc.message)
-        return None
-
-    def early_refusal(self, method: bytes, url: bytes, arrived: float) -> tuple[bytes, bytes] | None:
-        """As a request's headers arrive (`url`: as sent; `arrived`: when its bytes were in
-        the socket at the latest, time.monotonic() clock): when it is a prediction whose
-        model's wait is full, or that already waited past its model's max_queue_ms on a busy
-        loop, its 503's headers after the status line (no blank line) and body, else None.
-        Refused before anything of it is built, its body read or decoded (a refusal cost
-        ~100 us of CPU when it was read and parsed first). The full wait's bytes are built
-        once per model (they always read the same: the count waiting is then the maximum),
-        and a path's model is found once."""
+    def route(self, method: bytes, url: bytes) -> FastRoute | None:
+        """The prediction a request's method and URL (as sent) ask for, or None: not a
+        prediction, not plainly one (a query or escapes), or of no configured model: those
+        take the ASGI route. Found once per URL."""
         if method != b"POST":
             return None
         found = self._by_path.get(url, _UNSEEN)
         if found is _UNSEEN:
             found = self._find(url)
-        if found is None:
-            return None
-        kind, entry = found
-        admission = entry.admission
-        if admission.waiting < admission.max_waiting:
-            if time.monotonic() - arrived <= admission.max_queue_seconds:
-                return None
-            try:
-                admission.check_wait(arrived)
-            except OverloadedError as exc:
-                self._ctx.metrics.observe(entry.name, kind, 503, 0.0, _NO_TRACE)
-                return _head_and_body(error_response(exc.status, exc.message))
-            return None
-        self._ctx.metrics.observe(entry.name, kind, 503, 0.0, _NO_TRACE)
-        refusal = self._refusals.get(entry.name)
-        if refusal is None:
-            try:
-                admission.check_room()
-            except OverloadedError as exc:
-                refusal = self._refusals[entry.name] = _head_and_body(error_response(exc.status, exc.message))
-            else:
-                return None  # a place was given back meanwhile
-        return refusal
+        return found  # type: ignore[return-value]
 
-    def _find(self, url: bytes) -> tuple[str, ModelEntry] | None:
-        """The route kind and model of a prediction's URL, remembered (None: not a
-        prediction, or not plainly one: a query or escapes go the general way)."""
+    def _find(self, url: bytes) -> FastRoute | None:
         found = None
         if b"?" not in url and b"%" not in url:
-            route = match(url.decode("latin-1"))
+            path = url.decode("latin-1")
+            route = match(path)
             if route is not None:
                 kind, names = route
                 entry = self._model(kind, names)
-                found = None if entry is None else (kind, entry)
+                found = None if entry is None else FastRoute(path, kind, names, entry)
         if len(self._by_path) >= _MAX_PATHS:
             self._by_path.clear()
         self._by_path[url] = found
@@ -136,45 +147,89 @@ class FastLane:
     def _model(self, kind: str, names: tuple[str, ...]) -> ModelEntry | None:
         models = self._ctx.models
         try:
-            return models.get(route_model(kind, names)) if kind == "kserve" or len(names) > 1 else (
+            return models.get(route_model(kind, names)) if kind != "eas" or len(names) > 1 else (
                 models.for_service(names[0]))
         except RecserveError:
             return None
 
-    def wants(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> bool:
-        """Whether to hold the request's body for `answer` (headers: lower-case names)."""
-        if method != "POST" or match(path) is None:
-            return False
+    def _refusal(self, route: FastRoute, arrived: float, deadline: float | None) -> Answer | None:
+        """The 503 for a request that already waited past its model's max_queue_ms or its
+        deadline on a busy loop, or whose model's wait is full, refused before anything else
+        is done for it: under overload refusals are many, and each costs the requests that
+        are admitted (one refused here costs a fraction of one refused on the ASGI route)."""
+        entry = route.entry
+        try:
+            entry.admission.check_wait(arrived, deadline)
+            entry.admission.check_room()
+        except OverloadedError as exc:
+            self._ctx.metrics.observe(entry.name, route.kind, exc.status, 0.0, _NO_TRACE)
+            return _answer_of(error_response(exc.status, exc.message))
+        return None
+
+    def early_refusal(self, route: FastRoute, arrived: float) -> Answer | None:
+        """As a prediction's headers arrive (`arrived`: when its bytes were in the socket at
+        the latest, time.monotonic() clock): its 503 when its model's wait is full, or when
+        it already waited past its model's max_queue_ms on a busy loop, else None. Refused
+        before anything of it is built, its body read or decoded (a refusal cost ~100 us of
+        CPU when it was read and parsed first). The full wait's bytes are built once per
+        model (they always read the same: the count waiting is then the maximum)."""
+        entry = route.entry
+        admission = entry.admission
+        if admission.waiting < admission.max_waiting:
+            if time.monotonic() - arrived <= admission.max_queue_seconds:
+                return None
+            try:
+                admission.check_wait(arrived)
+            except OverloadedError as exc:
+                self._ctx.metrics.observe(entry.name, route.kind, 503, 0.0, _NO_TRACE)
+                return _answer_of(error_response(exc.status, exc.message))
+            return None
+        self._ctx.metrics.observe(entry.name, route.kind, 503, 0.0, _NO_TRACE)
+        refusal = self._refusals.get(entry.name)
+        if refusal is None:
+            try:
+                admission.check_room()
+            except OverloadedError as exc:
+                refusal = self._refusals[entry.name] = _answer_of(error_response(exc.status, exc.message))
+            else:
+                return None  # a place was given back meanwhile
+        return refusal
+
+    def wants(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether to hold a prediction's body for `answer` (headers: lower-case names)."""
         length = None
         for name, value in headers:
             if name == b"content-length":
                 length = value
             elif name in _ELSEWHERE:
                 return False
-        # The protocol stops reading past HIGH_WATER_LIMIT bytes of body until the app asks
-        # for more: a body held here must fit below that.
-        limit = min(self._ctx.inline.max_bytes, self._ctx.settings.max_request_bytes, HIGH_WATER_LIMIT)
-        return length is not None and length.isdigit() and int(length) <= limit
+        return length is not None and length.isdigit() and int(length) <= self._max_body
 
-    def gone(self, path: str) -> None:
-        """The client of a request `wants` took went away before its body's end (routine for
+    def gone(self, route: FastRoute) -> None:
+        """The client of a request `wants` took went away before its answer (routine for
         clients with timeouts of their own): counted, logged at DEBUG, as PredictRoutes does."""
-        route = match(path)
-        if route is not None:
-            self._ctx.metrics.client_disconnects.labels(route[0]).inc()
-        log.debug("POST %s: the client went away before the answer", path)
+        self._ctx.metrics.client_disconnects.labels(route.kind).inc()
+        log.debug("POST %s: the client went away before the answer", route.path)
 
-    def answer(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes, arrived: float,
-               reply: Callable[[Response], None]) -> Response | Pending | None:
+    def _run_inline(self, route: FastRoute, handler: Handler) -> Outcome:
+        """`handler` through the dispatcher on the loop, now: `_refusal` has just checked
+        the model's wait and the request's deadline, and it starts at once, so it takes no
+        place in the wait (http_common.dispatch_inline's admission, without the steps)."""
+        started = time.perf_counter()
+        outcome = self._ctx.dispatcher.call(route.kind, route.find, handler)
+        self._ctx.inline.record(route.model, time.perf_counter() - started)
+        return outcome
+
+    def answer(self, route: FastRoute, headers: list[tuple[bytes, bytes]], body: bytes, arrived: float,
+               reply: Callable[[Answer], None], *, admitted_at_headers: bool = False) -> Answer | Pending | None:
         """The answer to a request `wants` took; PENDING when it waits to be merged with
         others (recserve.server.merging), and `reply` is called with its answer later, on the
         loop; None when it must take the ASGI route. `arrived`: when it was whole, at the
-        latest (time.monotonic() clock)."""
-        route = match(path)
-        if route is None:
-            return None
-        kind, names = route
+        latest (time.monotonic() clock). `admitted_at_headers`: its whole body came in the
+        same pass of the loop as its headers, which `early_refusal` let through then (with
+        the same `arrived`): only a deadline is left to check."""
         ctx = self._ctx
+        kind = route.kind
         try:
             header_length = timeout = None
             for name, value in headers:
@@ -182,23 +237,34 @@ class FastLane:
                     header_length = value.decode("latin-1")
                 elif name == _TIMEOUT:
                     timeout = value.decode("latin-1")
-            deadline = deadline_from(timeout, arrived)
-            entry = self._model(kind, names)  # None: unknown, the dispatcher answers it and counts it
-            if entry is not None:
-                refusal = self._refusal(entry, kind, arrived, deadline)
+            deadline = deadline_from(timeout, arrived) if timeout is not None else None
+            if deadline is not None or not admitted_at_headers:
+                refusal = self._refusal(route, arrived, deadline)
                 if refusal is not None:
                     return refusal
-                if kind == "eas" and body and ctx.merger.merges(entry):
+            if kind == "eas" and body:
+                entry = route.entry
+                if ctx.merger.merges(entry):
                     ctx.merger.add(entry, body, arrived, deadline,
-                                   lambda outcome, trace: reply(eas_response(outcome, trace)))
+                                   lambda outcome, trace: reply(eas_answer(outcome, trace)))
                     return PENDING
-            call = predict_call(ctx, kind, names, body, header_length)
+                if not ctx.inline.inline(route.model, len(body)):
+                    return None  # admitted so far: its turn comes on a worker thread, via ASGI
+                served: list[RequestTrace] = []
+                outcome = self._run_inline(route, eas_handler(body, served))
+                return eas_answer(outcome, served[0] if served else None)
+            call = predict_call(ctx, kind, route.names, body, header_length)
             if not ctx.inline.inline(call.model, len(body)):
-                return None  # admitted so far: its turn comes on a worker thread, via ASGI
-            return call.respond(dispatch_inline(ctx, call.route, call.model, call.find, call.handler,
-                                                deadline, arrived))
+                return None
+            status, result = outcome = self._run_inline(route, call.handler)
+            trace = call.served[0] if call.served else None
+            if status == 200 and kind == "tfserving":
+                return _served_answer(outcome, trace, _JSON)
+            if status == 200 and kind == "kserve" and result[1] is None:  # a JSON answer (no binary part)
+                return _served_answer((200, result[0]), trace, _JSON)
+            return _answer_of(call.respond(outcome))
         except RecserveError as exc:
-            return error_response(exc.status, exc.message)
+            return _answer_of(error_response(exc.status, exc.message))
         except Exception as exc:  # a bug here must answer 500 and keep serving
-            log.exception("POST %s failed", path)
-            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            log.exception("POST %s failed", route.path)
+            return _answer_of(error_response(500, f"internal error: {type(exc).__name__}: {exc}"))

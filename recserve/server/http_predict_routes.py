@@ -3,7 +3,10 @@ app that serves every other route:
 
 - EAS/DeepRec `POST /api/predict/{service}[/{model}]`: PredictRequest bytes in,
   `Processor.process`, PredictResponse bytes out (an empty body asks for the signature);
-- KServe v2 `POST /v2/models/{name}[/versions/{version}]/infer`: JSON or binary tensors.
+- KServe v2 `POST /v2/models/{name}[/versions/{version}]/infer`: JSON or binary tensors;
+- TF Serving REST `POST /v1/models/{name}[/versions/{version}]:predict`: JSON (`instances`
+  or `inputs`), decoded on the handler's thread (span "decode"), `Processor.predict`,
+  encoded (span "encode").
 
 FastAPI's routing and dependency solving cost more CPU than a small prediction: server CPU
 per batch-1 EAS request of the demo model measured ~820-1,040 us through FastAPI and
@@ -14,9 +17,11 @@ FastAPI's shapes: JSON errors, 405 with Allow, one trailing slash accepted.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -25,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from recserve.errors import RecserveError, RequestError
 from recserve.processor.processor import Processor
 from recserve.processor.trace import RequestTrace
-from recserve.server import kserve
+from recserve.server import kserve, tfserving
 from recserve.server.context import ServerContext, check_version
 from recserve.server.dispatch import Outcome
 from recserve.server.http_common import (
@@ -40,17 +45,20 @@ from recserve.server.http_common import (
 )
 from recserve.server.registry import ModelEntry
 
-__all__ = ["PredictCall", "PredictRoutes", "eas_response", "match", "predict_call", "route_model"]
+__all__ = ["PredictCall", "PredictRoutes", "eas_handler", "eas_response", "match", "predict_call", "route_model",
+           "tfserving_handler"]
 
 log = logging.getLogger("recserve.server")
 
 EAS_PREFIX = "/api/predict/"
 KSERVE_PREFIX, KSERVE_SUFFIX = "/v2/models/", "/infer"
+TFS_PREFIX, TFS_SUFFIX = "/v1/models/", ":predict"
 
 
 def match(path: str) -> tuple[str, tuple[str, ...]] | None:
-    """("eas", (service[, model])) or ("kserve", (name[, version])) for a prediction route's
-    path, else None. Names are whole path segments, as FastAPI's {name} matches them."""
+    """("eas", (service[, model])), ("kserve", (name[, version])) or ("tfserving", (name[,
+    version])) for a prediction route's path, else None. Names are whole path segments, as
+    FastAPI's {name} matches them."""
     path = path.removesuffix("/")  # FastAPI would have redirected to it
     if path.startswith(EAS_PREFIX):
         names = tuple(path[len(EAS_PREFIX):].split("/"))
@@ -62,6 +70,12 @@ def match(path: str) -> tuple[str, tuple[str, ...]] | None:
             return "kserve", (parts[0],)
         if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
             return "kserve", (parts[0], parts[2])
+    elif path.startswith(TFS_PREFIX) and path.endswith(TFS_SUFFIX):
+        parts = path[len(TFS_PREFIX):-len(TFS_SUFFIX)].split("/")
+        if len(parts) == 1 and parts[0]:
+            return "tfserving", (parts[0],)
+        if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+            return "tfserving", (parts[0], parts[2])
     return None
 
 
@@ -70,15 +84,17 @@ class PredictCall:
     """One prediction request, ready to dispatch: which model (`model`, the name the URL gives,
     found by `find`), what runs on it (`handler`), and how its outcome becomes an answer."""
 
-    route: str  # "eas" or "kserve"
+    route: str  # "eas", "kserve" or "tfserving"
     model: str
     find: Callable[[], ModelEntry]
     handler: Handler
     respond: Callable[[Outcome], Response]
+    served: list[RequestTrace]  # the trace of the handler's run, once it ran
 
 
 def route_model(kind: str, names: tuple[str, ...]) -> str:
-    """The model name a route `match` found gives: EAS's model, else its service; KServe's name."""
+    """The model name a route `match` found gives: EAS's model, else its service; KServe's
+    and TF Serving's name."""
     return names[-1] if kind == "eas" else names[0]
 
 
@@ -98,8 +114,16 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
                 return error_response(status, result)
             return Response(result, media_type="application/json" if not body else PROTOBUF,
                             headers=served_headers(served))
-        return PredictCall("eas", route_model(kind, names), find, _eas_handler(body, served), respond_eas)
+        return PredictCall("eas", route_model(kind, names), find, eas_handler(body, served), respond_eas, served)
     name, version = names[0], names[1] if len(names) > 1 else None
+    if kind == "tfserving":
+        def respond_tfserving(outcome: Outcome) -> Response:
+            status, result = outcome
+            if status != 200:
+                return error_response(status, result)
+            return Response(result, media_type="application/json", headers=served_headers(served))
+        return PredictCall("tfserving", name, lambda: ctx.models.get(name), tfserving_handler(body, version, served),
+                           respond_tfserving, served)
     if header_length is not None and not header_length.isdigit():
         raise RequestError(f"Inference-Header-Content-Length must be a byte count, got {header_length!r}")
 
@@ -113,7 +137,8 @@ def predict_call(ctx: ServerContext, kind: str, names: tuple[str, ...], body: by
             return Response(payload, media_type="application/json", headers=headers)
         return Response(payload, media_type=PROTOBUF, headers={kserve.HEADER_LENGTH: str(json_length), **headers})
     handler = _kserve_handler(body, int(header_length) if header_length is not None else None, version, served)
-    return PredictCall("kserve", route_model(kind, names), lambda: ctx.models.get(name), handler, respond_kserve)
+    return PredictCall("kserve", route_model(kind, names), lambda: ctx.models.get(name), handler, respond_kserve,
+                       served)
 
 
 def eas_response(outcome: Outcome, trace: RequestTrace | None) -> Response:
@@ -125,13 +150,37 @@ def eas_response(outcome: Outcome, trace: RequestTrace | None) -> Response:
     return Response(result, media_type=PROTOBUF, headers=served_headers([trace] if trace is not None else []))
 
 
-def _eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
+def eas_handler(body: bytes, served: list[RequestTrace]) -> Handler:
+    """Processor.process on a PredictRequest's bytes; the request's trace is appended to `served`."""
     def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
         served.append(trace)
         status, result = processor.process(body, trace=trace)
         if status == 200 and body:  # an empty body asked for the signature
             entry.record(body)
         return status, result
+    return handle
+
+
+def _json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise RequestError(f"request body is not valid JSON: {exc}") from exc
+
+
+def tfserving_handler(body: bytes, version: str | None, served: list[RequestTrace]) -> Handler:
+    """A TF Serving REST predict's JSON body decoded (span "decode"), run, its answer's JSON
+    (span "encode")."""
+    def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
+        served.append(trace)
+        check_version(entry, processor, version)
+        with trace.span("decode"):
+            doc = _json_body(body)
+            name = doc.get("signature_name") if isinstance(doc, dict) else None
+            call = tfserving.decode_predict(doc, processor.signature_description(name if isinstance(name, str) else None))
+        outputs = processor.predict(call.inputs, None, signature_name=call.signature_name, trace=trace)
+        with trace.span("encode"):
+            return 200, json.dumps(tfserving.encode_predict(outputs, call.rows)).encode()
     return handle
 
 

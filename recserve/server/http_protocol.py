@@ -32,12 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter
-from starlette.responses import Response
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from recserve.server.http_common import RECEIVED_KEY
-from recserve.server.http_fast_lane import FastLane, Pending
+from recserve.server.http_fast_lane import Answer, FastLane, FastRoute, Pending
 
 __all__ = ["DRAIN_IDLE_SECONDS", "ConnectionLimits", "guarded_protocol"]
 
@@ -46,6 +44,36 @@ __all__ = ["DRAIN_IDLE_SECONDS", "ConnectionLimits", "guarded_protocol"]
 # sending (a connection accepted from the queue at shutdown), short enough not to hold
 # the exit.
 DRAIN_IDLE_SECONDS = 1.0
+
+_KEEP_ALIVE = object()  # the phase between a fast-lane answer and the next request
+
+
+class _NoWaiter:
+    """The message event of a _FastCycle: nothing waits on it (uvicorn sets it when the
+    connection is lost)."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_NO_WAITER = _NoWaiter()
+
+
+class _FastCycle:
+    """The connection's current request while the fast lane holds it: what uvicorn reads of
+    its RequestResponseCycle (pipelining waits behind it, shutdown and connection loss mark
+    it), without the ASGI scope, the Event and the dozen fields a cycle builds."""
+
+    __slots__ = ("body", "disconnected", "headers_batch", "keep_alive", "response_complete", "response_started")
+    message_event = _NO_WAITER
+
+    def __init__(self, keep_alive: bool, headers_batch: float) -> None:
+        self.body = b""
+        self.keep_alive = keep_alive
+        self.headers_batch = headers_batch  # IoBatchClock.mark() of the read that ended its headers
+        self.response_started = self.response_complete = self.disconnected = False
 
 
 class IoBatchClock:
@@ -79,7 +107,7 @@ class ConnectionLimits:
     max_connections: int
 
 
-def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Counter,
+def guarded_protocol(limits: ConnectionLimits, timeouts: Any, refused: Any,
                      fast_lane: FastLane | None = None,
                      draining: Callable[[], bool] = lambda: False) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol class bound to `limits`, the two counters and `fast_lane`;
@@ -87,11 +115,25 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
     reaches the connections): every request then is answered with `Connection: close`."""
     header_timeouts, body_timeouts = timeouts.labels("header"), timeouts.labels("body")
     clock = IoBatchClock()
+    # uvicorn's default headers (date, server) as bytes, made again when uvicorn replaces
+    # the list (each second, for the date).
+    defaults: list[Any] = [None, b""]
+
+    def default_head(headers: list[tuple[bytes, bytes]]) -> bytes:
+        if headers is not defaults[0]:
+            defaults[:] = [headers, b"".join(b"%s: %s\r\n" % pair for pair in headers)]
+        return defaults[1]  # type: ignore[no-any-return]
 
     class GuardedHttpProtocol(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
-        _in_headers = False
-        _held: RequestResponseCycle | None = None  # a request the fast lane took, body gathering
+        # The phase the connection is in and when it ends (loop.time() clock): its headers,
+        # its body, its discarded input (None: counted nowhere) or, after a fast-lane answer,
+        # the keep-alive wait (_KEEP_ALIVE). One timer per connection watches it (see _arm).
+        _deadline_at: float | None = None
+        _deadline_counter: Any = None
+        _watch: asyncio.TimerHandle | None = None
+        _watch_at = 0.0
+        _held: _FastCycle | None = None  # a request the fast lane took, body gathering
+        _held_route: FastRoute | None = None
         _batch = 0.0  # IoBatchClock.mark() of the read being parsed
         _skipping = False  # a refused request's body is passing: dropped (see _refuse)
         _discarding = False  # a refusal was answered and the connection half-closed: all input dropped
@@ -114,12 +156,15 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             self._arm(limits.header_seconds, header_timeouts)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._deadline_at = None
+            if self._watch is not None:
+                self._watch.cancel()
+                self._watch = None
             if self._drain_timer is not None:
                 self._drain_timer.cancel()
-            if self._held is not None and fast_lane is not None:
-                fast_lane.gone(self._held.scope["path"])
-            self._held = None
+            if self._held_route is not None and fast_lane is not None:
+                fast_lane.gone(self._held_route)
+            self._held = self._held_route = None
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -132,36 +177,60 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             if self._drain_timer is not None:
                 self._drain_timer.cancel()
                 self._drain_timer = None
-            super().on_message_begin()
+            # uvicorn's on_message_begin, but its ASGI scope is built only for a request the
+            # fast lane does not take (_build_scope).
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
             self._arm(limits.header_seconds, header_timeouts)
+
+        def _build_scope(self) -> None:
+            """uvicorn's scope for the request whose URL and headers were read."""
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()  # resets all three
+            self.url, self.headers, self.expect_100_continue = url, headers, expect
+            self.scope["headers"] = headers
 
         def on_headers_complete(self) -> None:
             if self._discarding:
                 return
-            self._disarm()
+            self._deadline_at = None
             if fast_lane is not None and (self.cycle is None or self.cycle.response_complete):
-                refusal = fast_lane.early_refusal(self.parser.get_method(), self.url, self._batch)
-                if refusal is not None:
-                    self._refuse(*refusal)
-                    return
-            self._in_headers = True
-            try:
-                super().on_headers_complete()
-            finally:
-                self._in_headers = False
+                parser = self.parser
+                route = fast_lane.route(parser.get_method(), self.url)
+                if route is not None:
+                    refusal = fast_lane.early_refusal(route, self._batch)
+                    if refusal is not None:
+                        self._refuse(refusal)
+                        return
+                    if fast_lane.wants(self.headers):
+                        keep = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+                        self.cycle = self._held = _FastCycle(  # type: ignore[assignment]
+                            keep and not (self._draining or draining()), self._batch)
+                        self._held_route = route
+                        self._arm(limits.body_seconds, body_timeouts)
+                        return
+            self._build_scope()
+            super().on_headers_complete()
             if self.cycle is not None and (self._draining or draining()):
                 self.cycle.keep_alive = False  # answered with `Connection: close`
             if self.cycle is not None and self.cycle.more_body:
                 self._arm(limits.body_seconds, body_timeouts)
 
-        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-            if (fast_lane is not None and self._in_headers and app is self.app
-                    and fast_lane.wants(cycle.scope["method"], cycle.scope["path"], self.headers)):
-                self._held = cycle
-                return
-            super()._start_asgi_task(cycle, app)
+        def _to_asgi(self, held: _FastCycle) -> None:
+            """The ASGI task for a request the fast lane held to its end and then declined:
+            the scope and cycle uvicorn would have built at its headers, its body whole."""
+            self._build_scope()
+            self.cycle = None  # type: ignore[assignment]  # so uvicorn starts the task, not a pipeline
+            super().on_headers_complete()
+            cycle = self.cycle
+            cycle.body = bytearray(held.body)
+            cycle.more_body = False
+            cycle.keep_alive = held.keep_alive
+            cycle.scope[RECEIVED_KEY] = self._batch  # type: ignore[literal-required]
+            cycle.message_event.set()
 
-        def _refuse(self, head: bytes, body: bytes) -> None:
+        def _refuse(self, refusal: Answer) -> None:
             """Answer 503 as the headers arrive, before anything of the request is built
             (no ASGI scope, no cycle): its body is then skipped as the parser passes it, and
             the connection serves the next request. Measured per refusal of the demo model
@@ -172,12 +241,10 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
             answer to its end (closing outright with its body unread in our socket would
             send a reset, which may destroy the answer in its buffer before it is read), and
             what it still sends is dropped unparsed."""
-            parts = [STATUS_LINE[503]]
-            for name, value in self.server_state.default_headers:
-                parts.extend((name, b": ", value, b"\r\n"))
+            status, head, body = refusal
             keep = self.parser.should_keep_alive() and not (self._draining or draining())
-            parts.extend((head, b"\r\n" if keep else b"connection: close\r\n\r\n", body))
-            self.transport.write(b"".join(parts))
+            self.transport.write(b"".join((STATUS_LINE[status], default_head(self.server_state.default_headers), head,
+                                           b"\r\n" if keep else b"connection: close\r\n\r\n", body)))
             self.server_state.total_requests += 1
             if keep:
                 self._skipping = True
@@ -190,52 +257,64 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
                 self.transport.close()
 
         def on_body(self, body: bytes) -> None:
-            if not self._skipping:
-                super().on_body(body)
+            if self._skipping:
+                return
+            held = self._held
+            if held is not None and held is self.cycle:
+                held.body += body  # the first part is kept as it is: usually the whole body
+                return
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
             if self._discarding:
                 return
-            self._disarm()
+            self._deadline_at = None
             self._in_message = False
             if self._skipping:  # a refused request's body has passed: the connection waits for the next
                 self._skipping = False
-                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
-                                                                    self.timeout_keep_alive_handler)
+                self._arm(self.timeout_keep_alive, _KEEP_ALIVE)
+                return
+            held, route = self._held, self._held_route
+            self._held = self._held_route = None
+            if held is not None and held is self.cycle and route is not None and fast_lane is not None:
+                self._answer_fast(held, route, fast_lane)
                 return
             if self.cycle is not None:
                 # Admission counts a request's wait from here (http_common.received_at).
                 self.cycle.scope[RECEIVED_KEY] = self._batch  # type: ignore[literal-required]
             super().on_message_complete()
-            cycle, self._held = self._held, None
-            if cycle is not None and cycle is self.cycle and fast_lane is not None:
-                self._answer_fast(cycle, fast_lane)
 
-        def _answer_fast(self, cycle: RequestResponseCycle, lane: FastLane) -> None:
-            response = lane.answer(cycle.scope["path"], self.headers, cycle.body, self._batch,
-                                   lambda later: self._write_fast(cycle, later))
-            if response is None:
-                super()._start_asgi_task(cycle, self.app)
-            elif not isinstance(response, Pending):
-                self._write_fast(cycle, response)
+        def _answer_fast(self, held: _FastCycle, route: FastRoute, lane: FastLane) -> None:
+            answer = lane.answer(route, self.headers, held.body, self._batch,
+                                 lambda later: self._write_fast(held, route, later),
+                                 admitted_at_headers=held.headers_batch == self._batch)
+            if answer is None:
+                self._to_asgi(held)
+            elif not isinstance(answer, Pending):
+                self._write_fast(held, route, answer)
 
-        def _write_fast(self, cycle: RequestResponseCycle, response: Response) -> None:
+        def _write_fast(self, cycle: _FastCycle, route: FastRoute, answer: Answer) -> None:
             if self.transport.is_closing():  # the client went away while its request waited
                 if fast_lane is not None:
-                    fast_lane.gone(cycle.scope["path"])
+                    fast_lane.gone(route)
                 return
-            content = [STATUS_LINE[response.status_code]]
-            for name, value in (*self.server_state.default_headers, *response.raw_headers):
-                content.extend((name, b": ", value, b"\r\n"))
-            if not cycle.keep_alive:
-                content.append(b"connection: close\r\n")
-            content.extend((b"\r\n", response.body))
-            self.transport.write(b"".join(content))
+            status, head, body = answer
+            self.transport.write(b"".join((STATUS_LINE[status], default_head(self.server_state.default_headers), head,
+                                           b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n", body)))
             cycle.response_started = cycle.response_complete = True
-            if cycle.keep_alive:
-                self.on_response_complete()
-            else:
+            if not cycle.keep_alive:
                 self.transport.close()
+                return
+            # uvicorn's on_response_complete, with the keep-alive wait watched by the
+            # connection's one timer instead of a timer per answer.
+            self.server_state.total_requests += 1
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self._arm(self.timeout_keep_alive, _KEEP_ALIVE)
 
         def shutdown(self) -> None:
             self._draining = True
@@ -250,16 +329,36 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Counter, refused: Count
                 self.transport.close()
 
         def _arm(self, seconds: float, counter: Any) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._expire, counter)
+            """The connection's phase ends in `seconds`; then it is closed (`_expire`). Phases
+            change several times per request: rather than a timer each, the connection's one
+            timer fires at the earliest deadline it was set for and, finding a later
+            deadline there, sets itself again (at most once per phase length per
+            connection)."""
+            at = self.loop.time() + seconds
+            self._deadline_at = at
+            self._deadline_counter = counter
+            if self._watch is None or at < self._watch_at:
+                if self._watch is not None:
+                    self._watch.cancel()
+                self._watch_at = at
+                self._watch = self.loop.call_at(at, self._check_deadline)
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+        def _check_deadline(self) -> None:
+            self._watch = None
+            at = self._deadline_at
+            if at is None:
+                return  # no phase is timed now (a request is being answered); the next _arm sets the timer
+            if self.loop.time() < at:
+                self._watch_at = at
+                self._watch = self.loop.call_at(at, self._check_deadline)
+                return
+            self._deadline_at = None
+            self._expire(self._deadline_counter)
 
         def _expire(self, counter: Any) -> None:
-            self._deadline = None
+            if counter is _KEEP_ALIVE:
+                self.timeout_keep_alive_handler()
+                return
             if not self.transport.is_closing() or self._discarding:
                 if counter is not None:
                     counter.inc()

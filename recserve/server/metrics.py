@@ -6,13 +6,19 @@ of serving them (what a model costs, and what the server spends around it: the p
 CPU minus this is the protocols' own share). Read at
 scrape time from the models (`ModelCollector`): readiness, the serving version and step,
 processor loads, updates and update failures, and embedding-table sizes and hit rates
-when model_info() reports them under "tables" ({table: {rows, lookups, hits}}). Thread-safe (prometheus_client's metrics are).
+when model_info() reports them under "tables" ({table: {rows, lookups, hits}}).
+
+The per-request ones are plain numbers in one process (recserve.server.local_metrics: an
+update costs a lock and a few writes, the samples are made when /metrics is read), and
+prometheus_client's file-backed metrics in a worker pool, so any worker's /metrics sums
+every process. Thread-safe.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -21,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from recserve.processor.trace import STAGES, RequestTrace
+from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics
 from recserve.server.registry import ModelRegistry
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
@@ -30,6 +37,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = tuple(float(1 << i) for i in range(13))  # 1 .. 4096
+_STAGE_LIST = list(STAGES)
 
 
 class ServerMetrics:
@@ -37,41 +45,56 @@ class ServerMetrics:
 
     def __init__(self, models: ModelRegistry) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("recserve_requests", "Requests answered, by model, route and status code.",
-                                ["model", "route", "code"], registry=self.registry)
-        self.errors = Counter("recserve_request_errors", "Requests answered with a status other than 200.",
-                              ["model", "route", "code"], registry=self.registry)
-        self.latency = Histogram("recserve_request_seconds", "Time from request received to response ready.",
-                                 ["model", "route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.stage = Histogram("recserve_stage_seconds",
+        # Worker processes (PROMETHEUS_MULTIPROC_DIR set by `recserve serve --workers`): the
+        # counters and histograms of every process, read from their files, plus the models.
+        # One process: plain numbers, made into samples when scraped (local_metrics).
+        pooled = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        local = None if pooled else LocalMetrics()
+        if local is not None:
+            self.registry.register(local)
+
+        def counter(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Any:
+            if local is None:
+                return Counter(name, documentation, labelnames, registry=self.registry)
+            return LocalCounter(local, name, documentation, labelnames)
+
+        def histogram(name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> Any:
+            if local is None:
+                return Histogram(name, documentation, labelnames, buckets=buckets, registry=self.registry)
+            return LocalHistogram(local, name, documentation, labelnames, buckets)
+
+        self.requests = counter("recserve_requests", "Requests answered, by model, route and status code.",
+                                ["model", "route", "code"])
+        self.errors = counter("recserve_request_errors", "Requests answered with a status other than 200.",
+                              ["model", "route", "code"])
+        self.latency = histogram("recserve_request_seconds", "Time from request received to response ready.",
+                                 ["model", "route"], _LATENCY_BUCKETS)
+        self.stage = histogram("recserve_stage_seconds",
                                "Time per request in each stage: decode, lookup, run, encode.",
-                               ["model", "stage"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.batch = Histogram("recserve_batch_size", "Rows (samples) per request.", ["model"],
-                               buckets=_BATCH_BUCKETS, registry=self.registry)
-        self.cpu = Counter("recserve_request_cpu_seconds",
+                               ["model", "stage"], _LATENCY_BUCKETS)
+        self.batch = histogram("recserve_batch_size", "Rows (samples) per request.", ["model"], _BATCH_BUCKETS)
+        self.cpu = counter("recserve_request_cpu_seconds",
                            "CPU time of the thread serving each request from its model's lease to its answer "
                            "(decode, lookup, run, encode; not reading the request or writing the answer, and "
-                           "not ONNX Runtime's own intra-op threads).", ["model", "route"], registry=self.registry)
-        self.merged_requests = Counter("recserve_merged_requests",
+                           "not ONNX Runtime's own intra-op threads).", ["model", "route"])
+        self.merged_requests = counter("recserve_merged_requests",
                                        "Requests that ran in one ONNX Runtime run with others (request merging).",
-                                       ["model"], registry=self.registry)
-        self.timelines = Counter("recserve_timelines_written", "Timelines written, by model and result.",
-                                 ["model", "result"], registry=self.registry)
-        self.http_timeouts = Counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "
-                                     "or body did not arrive in time, by phase.", ["phase"], registry=self.registry)
-        self.connections_refused = Counter("recserve_http_connections_refused",
-                                           "HTTP connections closed at once: the server had its maximum open.",
-                                           registry=self.registry)
-        self.client_disconnects = Counter("recserve_client_disconnects",
-                                          "Requests whose client went away before the answer.", ["route"],
-                                          registry=self.registry)
+                                       ["model"])
+        self.timelines = counter("recserve_timelines_written", "Timelines written, by model and result.",
+                                 ["model", "result"])
+        self.http_timeouts = counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "
+                                     "or body did not arrive in time, by phase.", ["phase"])
+        self.connections_refused = counter("recserve_http_connections_refused",
+                                           "HTTP connections closed at once: the server had its maximum open.")
+        self.client_disconnects = counter("recserve_client_disconnects",
+                                          "Requests whose client went away before the answer.", ["route"])
         self.registry.register(ModelCollector(models))
         self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
-        # Worker processes (PROMETHEUS_MULTIPROC_DIR set by `recserve serve --workers`): the
-        # counters and histograms of every process, read from their files, plus the models.
+        self._local = local
+        self._update_lock: AbstractContextManager[Any] = local.lock if local is not None else nullcontext()
         self._pool_registry: CollectorRegistry | None = None
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if pooled:
             self._pool_registry = CollectorRegistry()
             MultiProcessCollector(self._pool_registry)
             self._pool_registry.register(ModelCollector(models))
@@ -93,28 +116,47 @@ class ServerMetrics:
                 failed[3].inc(cpu_seconds)
             return
         # labels() costs a lock and a dict lookup per metric (~15 us a request for all of
-        # them): a 200's children are looked up once per (model, route). Labels are bounded
-        # (configured models, known routes), so the cache is too.
+        # them): a 200's children are looked up once per (model, route), as the calls that
+        # record into them. Labels are bounded (configured models, known routes), so the
+        # cache is too.
         bound = self._ok.get((model, route))
         if bound is None:
-            bound = self._ok[(model, route)] = (
-                self.requests.labels(model, route, "200"), self.latency.labels(model, route),
-                tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
-                self.cpu.labels(model, route),
-            )
-        requests, latency, stages, batch, cpu = bound
-        requests.inc()
-        latency.observe(seconds)
-        cpu.inc(cpu_seconds)
-        for stage, histogram in zip(STAGES, stages):
-            spent = trace.seconds(stage)
-            if spent:
-                histogram.observe(spent)
-        if trace.batch_size:
-            batch.observe(trace.batch_size)
+            bound = self._ok[(model, route)] = self._recorders(model, route)
+        count, latency, stages, batch, cpu = bound
+        stage_seconds = _stage_seconds(trace)
+        rows = trace.batch_size
+        with self._update_lock:
+            count(1.0)
+            latency(seconds)
+            cpu(cpu_seconds)
+            for spent, stage in zip(stage_seconds, stages):
+                if spent:
+                    stage(spent)
+            if rows:
+                batch(rows)
+
+    def _recorders(self, model: str, route: str) -> tuple[Any, ...]:
+        """The calls recording a 200 of (model, route): in one process local_metrics' add()
+        (the caller holds the lock, once for all of a request's values); in a worker pool
+        prometheus_client's inc() and observe(), each with its own lock."""
+        children = (self.requests.labels(model, route, "200"), self.latency.labels(model, route),
+                    tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
+                    self.cpu.labels(model, route))
+        count, latency, stages, batch, cpu = children
+        if self._local is not None:
+            return count.add, latency.add, tuple(s.add for s in stages), batch.add, cpu.add
+        return count.inc, latency.observe, tuple(s.observe for s in stages), batch.observe, cpu.inc
 
     def render(self) -> bytes:
         return generate_latest(self._pool_registry or self.registry)
+
+
+def _stage_seconds(trace: RequestTrace) -> list[float]:
+    """Seconds in each of STAGES (0.0: none)."""
+    spans = trace.spans
+    if [span[0] for span in spans] == _STAGE_LIST:  # the usual trace: one span per stage, in order
+        return [(end - start) / 1e9 for _, start, end in spans]
+    return [trace.seconds(stage) for stage in STAGES]
 
 
 class ModelCollector(Collector):

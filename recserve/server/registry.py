@@ -11,8 +11,8 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
 from recserve.config import ProcessorConfig
@@ -121,14 +121,14 @@ class ModelEntry:
         processor = self._manager.current
         return processor is not None and processor.ready
 
-    @contextmanager
-    def lease(self) -> Iterator[Processor]:
+    def lease(self) -> AbstractContextManager[Processor]:
+        """`with entry.lease() as processor:` the serving processor, held for the block
+        (the manager's lease itself, not a generator around it: this is on every request)."""
         if self._manager.current is None:
             if self.state == "failed":
                 raise ModelNotReadyError(f"model {self.name!r} is not loaded: {self.last_error}")
             raise ModelNotReadyError(f"model {self.name!r} is still loading")
-        with self._manager.acquire() as processor:
-            yield processor
+        return self._manager.acquire()
 
     def load(self) -> Processor:
         """Build the model's processor and serve it; raises RecserveError on failure."""

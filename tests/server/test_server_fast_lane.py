@@ -5,8 +5,10 @@ real sockets against `recserve serve`."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
+import time
 
 import httpx
 import numpy as np
@@ -154,3 +156,59 @@ asyncio.run(main())
 """
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-2000:]
+
+
+def _head_lines(head: bytes) -> list[bytes]:
+    """A response head's lines but the date, which changes each second."""
+    return [line for line in head.split(b"\r\n") if not line.lower().startswith(b"date:")]
+
+
+def test_fast_lane_answers_are_the_asgi_routes_bytes(launch, demo) -> None:
+    # A fresh server: each route's first request runs on a worker thread through the ASGI
+    # app (its model's run time is not measured yet), the later ones on the fast lane (any
+    # measured run time is short enough for the loop here).
+    server = launch(json.loads(demo.config_path.read_text()), env={"RECSERVE_INLINE_MAX_MS": "10000"})
+    inputs = demo.sample_inputs(2, np.random.default_rng(6))
+    as_lists = {k: [v.decode() for v in a.tolist()] if a.dtype == object else a.tolist() for k, a in inputs.items()}
+    v2_types = {"f": "FP32", "i": "INT64", "O": "BYTES"}
+    bodies = {
+        "/api/predict/default": encode_request(inputs),
+        "/v1/models/default:predict": json.dumps({"inputs": as_lists}).encode(),
+        "/v2/models/default/infer": json.dumps({"inputs": [
+            {"name": k, "shape": list(a.shape), "datatype": v2_types[a.dtype.kind], "data": as_lists[k]}
+            for k, a in inputs.items()]}).encode(),
+    }
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        for path, body in bodies.items():
+            answers = []
+            for _ in range(4):
+                sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(body),
+                                                                                               body))
+                head, answer, rest = _read_response(sock, b"")
+                assert rest == b""
+                answers.append((_head_lines(head), answer))
+            assert answers[0][0][0] == b"HTTP/1.1 200 OK", answers[0]
+            assert b"x-recserve-model-version: 1" in answers[0][0]
+            for later in answers[1:]:
+                assert later == answers[0], path
+    text = httpx.get(f"{server.url}/metrics").text
+    for route in ("eas", "tfserving", "kserve"):
+        assert f'recserve_requests_total{{code="200",model="default",route="{route}"}} 4.0' in text
+
+
+def test_an_idle_connection_is_closed_after_the_keepalive_once_answered_on_the_fast_lane(launch, demo) -> None:
+    server = launch(json.loads(demo.config_path.read_text()),
+                    env={"RECSERVE_HTTP_KEEPALIVE_S": "1", "RECSERVE_INLINE_MAX_MS": "10000"})
+    body = encode_request(demo.sample_inputs(1, np.random.default_rng(7)))
+    # The model's run time is measured: later requests take the fast lane.
+    assert httpx.post(f"{server.url}/api/predict/default", content=body).status_code == 200
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        for _ in range(3):  # each answer starts the keep-alive wait again: 0.6 s gaps are served
+            sock.sendall(_request(body))
+            head, _, rest = _read_response(sock, b"")
+            assert head.startswith(b"HTTP/1.1 200 ") and rest == b""
+            time.sleep(0.6)
+        sock.settimeout(10)
+        started = time.monotonic()
+        assert sock.recv(10) == b""  # closed by the server once idle for its keep-alive
+        assert time.monotonic() - started < 5
