@@ -239,6 +239,32 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
         processor.close()
 
 
+def test_ev_defaults_recserve_cannot_reproduce_are_warned_about_and_stay_zeros(tf_model, tmp_path):
+    """city's default matrix needs a feed; item's gathers read their default by the id's
+    position in the batch (ev_init_value): the conversion keeps "zeros" and says why, per EV."""
+    from recserve.convert.cache import run_conversion
+
+    ev_dir = tmp_path / "ev"
+    run_tf("evgraph", str(tf_model / "savedmodel"), str(ev_dir), "unservable")
+    report = run_conversion(str(ev_dir), str(tmp_path / "out"))
+    warnings = sorted(line for line in report.splitlines() if line.startswith("warning: Embedding Variable"))
+    city, item = "input_layer/city_embedding/embedding_weights", "item_scope/input_layer/item_embedding/embedding_weights"
+    assert warnings == [
+        (f"warning: Embedding Variable '{city}': DeepRec answers an id it never stored with a default row; recserve "
+         f"answers zeros: its default matrix '{city}/ev_default/mul:0' cannot be computed without serving: it reads "
+         f"Placeholder '{city}/ev_default/scale'"),
+        (f"warning: Embedding Variable '{item}': DeepRec answers an id it never stored with a default row; recserve "
+         f"answers zeros: its gather 'item_scope/input_layer/item_embedding/item_embedding_weights/"
+         "embedding_lookup_sparse/embedding_lookup/Gather' reads default_value "
+         f"'{item}/part_0/gather_default_value' by the id's position in the batch (is_use_default_value_tensor, "
+         "ev_init_value), not by id"),
+    ]
+    spec = json.loads((tmp_path / "out" / "model.json").read_text())
+    assert {b["table"]: b["default"] for b in spec["embeddings"]}[city] == "zeros"
+    assert {b["table"]: b["default"] for b in spec["embeddings"]}[item] == "zeros"
+    assert not (tmp_path / "out" / "defaults").exists()
+
+
 def test_vocabulary_list_columns_are_converted(tmp_path):
     """categorical_column_with_vocabulary_list (HashTableV2 + LookupTableFindV2): a string's id
     is its index; unknown strings are dropped like '' (TF prunes their -1), so a mean over
