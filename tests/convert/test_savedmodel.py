@@ -237,6 +237,12 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
         assert _worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
+    from recserve.convert.cache import run_conversion
+
+    report = run_conversion(str(ev_dir), str(tmp_path / "out"))  # `recserve convert`'s own report
+    assert "warning: Embedding Variable" not in report
+    assert ("lookup 'city' -> table 'input_layer/city_embedding/embedding_weights' (dim 8, mean; missing ids: row "
+            "id mod 4 of defaults/input_layer_city_embedding_embedding_weights.npy)") in report.splitlines()
 
 
 def test_ev_defaults_recserve_cannot_reproduce_are_warned_about_and_stay_zeros(tf_model, tmp_path):
