@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -180,8 +181,35 @@ def _c_rate_processes(binary: Path, work: Path, config: Path, processes: int, ro
     return rate, busy
 
 
-def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float) -> tuple[float, float]:
-    """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process."""
+def c_host_rates(binary: Path, work: Path, config: Path, requests: list[bytes], threads: int,
+                 between: Callable[[dict[bool, float]], None] | None = None) -> dict[bool, tuple[float, float]]:
+    """{native: (requests/s, cores busy)} of the C host serving `requests` (checked against the
+    Python route's replies) from `threads` C threads: the native route and the same library
+    with RECSERVE_NATIVE_ROUTE=0 (the Python route), interleaved, best of 2. `between(probe)`
+    runs after each round (a control measured between the same runs); probe: {native: req/s}
+    of a short first run."""
+    processor = Processor(config.read_text())
+    replies = [processor.process_python(r) for r in requests]
+    processor.close()
+    (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
+    (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
+    probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
+    rates: dict[bool, tuple[float, float]] = {}
+    for _ in range(2):   # interleaved: Python, native, Python, native; best of each
+        for native in (False, True):
+            rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
+            got = _c_rate(binary, work, config, threads, rounds, native)
+            rates[native] = max(rates.get(native, got), got)
+        if between is not None:
+            between(probe)
+    return rates
+
+
+def _python_rate(processor: Processor, requests: list[bytes], threads: int, seconds: float,
+                 call: Callable[[bytes], tuple[int, bytes]] | None = None) -> tuple[float, float]:
+    """(requests/s, cores kept busy) of `threads` Python threads calling Processor.process
+    (or `call`, e.g. Processor.process_python); a reply that is not 200 fails the run."""
+    call = call or processor.process
     counts = [0] * threads
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -190,11 +218,14 @@ def _python_rate(processor: Processor, requests: list[bytes], threads: int, seco
         try:
             i = k * 7
             while not stop.is_set():
-                processor.process(requests[i % len(requests)])
+                status, body = call(requests[i % len(requests)])
+                if status != 200:
+                    raise RuntimeError(f"status {status}: {body[:200]!r}")
                 counts[k] += 1
                 i += 1
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
+            stop.set()
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     started, cpu = time.perf_counter(), time.process_time()
@@ -251,29 +282,23 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
         plain = build_plain_dlrm(work / "plain")
         binary = _compile_client(work)
         rng = np.random.default_rng(5)
+        control: dict[int, tuple[float, float]] = {}   # batch -> the control's best
         for batch in batches:
             requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
             rates: dict[tuple[bool, int], tuple[float, float]] = {}
-            control: dict[int, tuple[float, float]] = {}
             for threads in (1, 2):
                 config = work / f"config{threads}.json"
                 config.write_text(json.dumps(plain.config(session_num=threads, intra_op_parallelism_threads=1,
                                                           inter_op_parallelism_threads=1)))
-                processor = Processor(config.read_text())
-                replies = [processor.process_python(r) for r in requests]
-                processor.close()
-                (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
-                (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
-                probe = {native: _c_rate(binary, work, config, threads, 200, native)[0] for native in (False, True)}
-                for _ in range(2):   # interleaved: Python, native, Python, native; best of each
-                    for native in (False, True):
-                        rounds = max(200, int(probe[native] * SCALING_SECONDS / threads))
-                        got = _c_rate(binary, work, config, threads, rounds, native)
-                        rates[(native, threads)] = max(rates.get((native, threads), got), got)
-                    if threads == 2:   # the control, between the same runs: two hosts of one thread
-                        rounds = max(200, int(probe[True] * SCALING_SECONDS / 2))
-                        got = _c_rate_processes(binary, work, work / "config1.json", 2, rounds)
-                        control[batch] = max(control.get(batch, got), got)
+
+                def control_run(probe: dict[bool, float], batch: int = batch) -> None:
+                    """Two hosts of one thread, between the same runs: the control."""
+                    rounds = max(200, int(probe[True] * SCALING_SECONDS / 2))
+                    got = _c_rate_processes(binary, work, work / "config1.json", 2, rounds)
+                    control[batch] = max(control.get(batch, got), got)
+
+                rates.update({(native, threads): got for native, got in c_host_rates(
+                    binary, work, config, requests, threads, control_run if threads == 2 else None).items()})
             (pair, busy_pair), (one, busy_one) = control[batch], rates[(True, 1)]
             rows.append(Row(
                 name=f"control: 2 independent one-thread C hosts vs 1, plain DLRM, batch {batch} (cores busy "

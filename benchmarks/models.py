@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from recserve.export import write_checkpoint, write_model_dir
-from recserve.model_spec import EmbeddingBinding, ModelSpec
+from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec, SignatureSpec
 
 
 @dataclass
@@ -142,3 +142,113 @@ def build_plain_dlrm(
     onnx_path = model_dir / "model.onnx"
     onnx.save(model, str(onnx_path))
     return PlainDlrmModel(root, model_dir, onnx_path, rows, n_sparse, n_dense)
+
+
+# Words of the string-keyed model's vocabulary columns: ASCII, CJK, one listed twice (its
+# last index is its key, as a Python dict keeps it) and '' (padding whatever the list says).
+VOCABULARY = ("sports", "news", "music", "北京", "東京", "café", "news", "", "games", "travel")
+
+
+@dataclass
+class StringKeyedModel:
+    """The shape of a TF feature-column model converted from a SavedModel: string ids keyed
+    by TensorFlow's hash buckets (farmhash64_mod), by XXH64 and by vocabularies, single- and
+    multi-valued (padded with ''), plus dense features into an MLP."""
+
+    root: Path
+    model_dir: Path
+    checkpoint_dir: Path
+    buckets: int
+    tag_buckets: int
+    items: int
+    length: int
+
+    def config(self, **extra: object) -> dict[str, object]:
+        return {"savedmodel_dir": str(self.model_dir), "checkpoint_dir": str(self.checkpoint_dir), **extra}
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Known and unknown strings, '' (padding), non-UTF-8 bytes, rows of padding only."""
+        def word(pool: list[bytes]) -> bytes:
+            roll = rng.random()
+            if roll < 0.1:
+                return b""
+            if roll < 0.15:
+                return bytes(rng.integers(128, 256, int(rng.integers(1, 9)), dtype=np.uint8))  # not UTF-8
+            if roll < 0.25:
+                return f"unknown-{rng.integers(1 << 40)}".encode()
+            return pool[int(rng.integers(len(pool)))]
+
+        vocabulary = [w.encode() for w in VOCABULARY if w]
+        tags = [f"tag{i}".encode() for i in range(50)] + ["标签".encode(), b"x" * 70]
+        users = [f"user-{i}".encode() for i in range(1000)]
+        item_pool = [f"item-{i}".encode() for i in range(self.items)]
+
+        def column(pool: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
+            out = np.empty(shape, dtype=object)
+            for index in np.ndindex(*shape):
+                out[index] = word(pool)
+            return out
+
+        topics = column(vocabulary, (batch, self.length))
+        topics[: batch // 4] = b""   # some rows are padding only
+        return {
+            "user": column(users, (batch,)),
+            "item": column(item_pool, (batch,)),
+            "tags": column(tags, (batch, self.length)),
+            "genre": column(vocabulary, (batch,)),
+            "topics": topics,
+            "dense": rng.random((batch, 4), dtype=np.float32),
+        }
+
+
+def build_string_keyed(
+    root: Path, *, dim: int = 16, buckets: int = 10_000, tag_buckets: int = 1000, items: int = 5000,
+    length: int = 5, hidden: tuple[int, ...] = (64,), seed: int = 0, output_features: bool = False,
+) -> StringKeyedModel:
+    """Five string bindings (see StringKeyedModel) over tables whose rows cover only part of
+    each key space (the rest get the table's default: zeros, or normal rows for the vocabulary
+    tables). `output_features`: also output the MLP's input, where the embeddings can be read."""
+    from recserve.embedding import string_keys
+
+    rng = np.random.default_rng(seed)
+    normal = DefaultSpec(kind="normal", stddev=0.5, seed=3)
+    bindings = (
+        EmbeddingBinding(input="user", table="user_hash", dim=dim, graph_input="e_user", key_dtype="string",
+                         buckets=buckets),
+        EmbeddingBinding(input="item", table="items", dim=dim, graph_input="e_item", key_dtype="string"),
+        EmbeddingBinding(input="tags", table="tag_hash", dim=dim, graph_input="e_tags", key_dtype="string",
+                         buckets=tag_buckets, combiner="mean"),
+        EmbeddingBinding(input="genre", table="genres", dim=dim, graph_input="e_genre", key_dtype="string",
+                         vocabulary=VOCABULARY, default=normal),
+        EmbeddingBinding(input="topics", table="genres", dim=dim, graph_input="e_topics", key_dtype="string",
+                         vocabulary=VOCABULARY, combiner="sum", default=normal),
+    )
+    parts = ["dense"] + [b.graph_input for b in bindings]
+    inputs = [helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", 4])]
+    inputs += [helper.make_tensor_value_info(b.graph_input, TensorProto.FLOAT, ["batch", dim]) for b in bindings]
+    concat = helper.make_node("Concat", parts, ["features"], axis=1)
+    nodes, inits = _mlp([4 + len(bindings) * dim, *hidden, 1], rng)
+    outputs = [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 1])]
+    signature_outputs = {"prob": "prob"}
+    if output_features:
+        outputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 4 + len(bindings) * dim]))
+        signature_outputs["features"] = "features"
+    graph = helper.make_graph([concat, *nodes], "string_keyed", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    spec = ModelSpec(embeddings=bindings, signatures={"serving_default": SignatureSpec(
+        inputs={b.input: b.input for b in bindings} | {"dense": "dense"}, outputs=signature_outputs)})
+    model_dir = Path(write_model_dir(root / "string_model", model, spec))
+
+    def rows(n: int) -> np.ndarray:
+        return rng.standard_normal((n, dim), dtype=np.float32)
+
+    item_names = np.array([f"item-{i}".encode() for i in range(items)], dtype=object)
+    tables = {
+        "user_hash": (np.arange(0, buckets, 2, dtype=np.int64), rows(len(range(0, buckets, 2)))),   # even buckets
+        "items": (string_keys(item_names), rows(items)),
+        "tag_hash": (np.arange(tag_buckets // 2, dtype=np.int64), rows(tag_buckets // 2)),
+        "genres": (np.arange(0, len(VOCABULARY), 2, dtype=np.int64), rows(len(range(0, len(VOCABULARY), 2)))),
+    }
+    checkpoint_dir = root / "string_checkpoints"
+    write_checkpoint(checkpoint_dir, tables, global_step=1)
+    return StringKeyedModel(root, model_dir, checkpoint_dir, buckets, tag_buckets, items, length)

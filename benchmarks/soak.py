@@ -84,7 +84,8 @@ def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: o
                     client = httpx.Client(timeout=10)  # fresh connections reach other workers
                 response = client.post(f"{url}/api/predict/default", content=bodies[index])
                 ok = response.status_code == 200
-                claim = (response.headers.get("x-recserve-model-version"), response.headers.get("x-recserve-delta-step"))
+                claim = (response.headers.get("x-recserve-model-version"), response.headers.get("x-recserve-delta-step")) \
+                    if ok else (f"status {response.status_code}", response.text[:120])
                 value = decode_response(response.content)["probabilities"].tobytes() if ok else b""
             else:
                 reply, call = stub.Predict.with_call(predict_pb2.PredictRequest.FromString(bodies[index]), timeout=10)
@@ -93,7 +94,9 @@ def _client(kind: str, url: str, grpc_address: str, bodies: list[bytes], stop: o
                 value = decode_response(reply.SerializeToString())["probabilities"].tobytes()
         except Exception as exc:  # noqa: BLE001  (counted as failed, by what failed)
             code = getattr(exc, "code", None)
-            ok, claim, value = False, (type(exc).__name__, str(code() if callable(code) else "")), b""
+            details = getattr(exc, "details", None)
+            ok, claim, value = False, (f"{type(exc).__name__} {code() if callable(code) else ''}".strip(),
+                                       str(details() if callable(details) else exc)[:120]), b""
         results.append((started, time.monotonic() - started, kind, index, ok, claim, value))
         if not ok:
             # As a real client backs off: a channel whose connection died fails every call
@@ -165,7 +168,9 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
          tables_in: str = "memory", only: frozenset[str] = frozenset()) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="recserve-soak-"))
     demo = write_demo(root / "demo")
-    local_config = {**demo.config(), "model_update_interval_seconds": 0.2}
+    # Admission set aside (max_queue_ms): the soak counts what faults cost, and a loaded
+    # machine's queueing would otherwise shed requests as 503s in any phase.
+    local_config = {**demo.config(), "model_update_interval_seconds": 0.2, "max_queue_ms": 60_000}
     bucket = Bucket() if store == "s3" else None
     redis_server = RedisServer(root) if tables_in == "redis" else None
     if redis_server is not None:
@@ -354,6 +359,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
     sent, failed, wrong, unknown, outside = len(results), 0, 0, 0, 0
     failures: dict[tuple[str, str, str], int] = defaultdict(int)
     wrong_by: dict[str, int] = defaultdict(int)
+    outside_by: dict[str, int] = defaultdict(int)
     latency: dict[str, list[float]] = defaultdict(list)
     for started, seconds, kind, index, ok, claim, value in results:
         latency[phase_of(started)].append(seconds)
@@ -362,7 +368,9 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
             # By when it ended: a request in flight when a worker was killed fails then.
             phase = phase_of(started + seconds)
             failures[(kind, phase, claim[0] or "status != 200")] += 1
-            outside += phase not in OUTAGES
+            if phase not in OUTAGES:
+                outside += 1
+                outside_by[f"{kind} during {phase}: {claim[0]}: {claim[1]}"] += 1
             continue
         states = later_states(claim)
         if not states:
@@ -389,7 +397,7 @@ def soak(minutes: float, workers: int, every: float = 3.0, store: str = "local",
               "p99_worst_update_phase_vs_steady": None if worst is None or "steady" not in per_phase else
               f"{worst}: {per_phase[worst]['p99_ms'] / per_phase['steady']['p99_ms']:.2f}",
               "skipped": disk.reason if disk is not None and not disk.mounted else "", "failed_by": {f"{k} during {p}: {why}": v for (k, p, why), v in sorted(failures.items())},
-              "wrong_by": dict(sorted(wrong_by.items())),
+              "wrong_by": dict(sorted(wrong_by.items())), "failed_outside_outages_by": dict(sorted(outside_by.items())),
               "faults": n, "store": store, "store_requests_by_mode": proxied, "exit_code": code, "start": start_stats,
               "after_first_turn": turn_stats, "end": end_stats, "after_load": idle_stats,
               "phases": per_phase, "log": str(root / "server.log")}

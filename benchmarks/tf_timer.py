@@ -23,7 +23,7 @@ def main() -> None:
     with graph.as_default(), tf1.Session(graph=graph, config=config) as sess:
         meta = tf1.saved_model.loader.load(sess, ["serve"], savedmodel)
         sig = meta.signature_def["serving_default"]
-        fetch = graph.get_tensor_by_name(sig.outputs["prob"].name)
+        fetch = graph.get_tensor_by_name(sig.outputs["prob" if "prob" in sig.outputs else min(sig.outputs)].name)
         feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
         by_batch: dict[int, list[dict[object, np.ndarray]]] = {}
         with np.load(requests_npz, allow_pickle=True) as data:

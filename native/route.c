@@ -1,7 +1,8 @@
 /* The native request route: see route.h for the objects, their ownership and the leases.
  *
  * A compiled route is the C twin of recserve.processor.request_route.RequestRoute for one
- * request layout: which string-id spans of the parser's values buffer to hash in place, the
+ * request layout: which string-id spans of the parser's values buffer to key in place (XXH64,
+ * hash buckets, or a vocabulary built once per servable: route_vocabulary.h), the
  * lookup plan's tasks (rs_lookup_at, offsets from the values buffer and the output arena),
  * the dense inputs as (slot, wire kind, count) -> (ONNX type, shape) copies, the folded Concat
  * input if the session group has one, and the outputs to ask for and how to name them. Every
@@ -17,13 +18,17 @@
 #include <time.h>
 
 #include "codec.h"
+#include "route_vocabulary.h"
 
-#define ROUTE_FORMAT 1
+#define ROUTE_FORMAT 2
 #define ROUTE_BUCKETS 2048 /* power of two; twice Servable._MAX_ROUTES */
 #define SCRATCH_START (1 << 12)
 #define SCRATCH_MAX (1 << 20)
 
 enum { SRC_INT64 = 0, SRC_FLOAT32 = 1, SRC_FLOAT64 = 2 };
+/* How a string input's ids become keys (recserve.embedding.StringKeys): XXH64; TensorFlow's
+ * StringToHashBucketFast (Fingerprint64 modulo a bucket count); a vocabulary's index. */
+enum { KEY_XXH64 = 0, KEY_BUCKETS = 1, KEY_VOCABULARY = 2 };
 /* tensorflow.eas.ArrayDataType values the encoder writes. */
 enum { DT_FLOAT = 1, DT_DOUBLE = 2, DT_INT32 = 3, DT_INT64 = 9, DT_BOOL = 10 };
 
@@ -43,6 +48,13 @@ typedef struct {
 } bound_input;
 
 typedef struct {
+    int64_t first, stop; /* its (start, length) pairs in the values buffer, keyed in place */
+    int64_t key;         /* KEY_* */
+    uint64_t buckets;    /* KEY_BUCKETS */
+    const rs_vocabulary* vocabulary; /* KEY_VOCABULARY: one of the servable's */
+} string_input;
+
+typedef struct {
     int64_t start, stop, src, slot, count;
 } fold_column;
 
@@ -54,10 +66,11 @@ typedef struct {
     uint8_t* key;
     int64_t key_size;
     uint64_t hash;
+    bool refused; /* a layout with no native form: nothing below is set */
     int64_t batch;
     int64_t values_end; /* slots the route reads: the request's values buffer holds at least these */
     int64_t n_strings;
-    int64_t* strings; /* (first, stop) pairs */
+    string_input* strings;
     int64_t n_tasks;
     rs_lookup_task* tasks;
     int64_t arena_floats;
@@ -80,6 +93,11 @@ typedef struct {
  * the read-mostly ones (measured: a demo-model request cost 40% more CPU at 2 threads). */
 #define LINE 64
 
+struct vocabulary_node {
+    rs_vocabulary* vocabulary;
+    struct vocabulary_node* next;
+};
+
 struct rs_servable {
     _Alignas(LINE) atomic_int_fast64_t leases;
     _Alignas(LINE) int64_t id;
@@ -87,6 +105,8 @@ struct rs_servable {
     void* runner;
     rs_lookup_at_fn lookup_at;
     rs_xxh64_spans_fn xxh64_spans;
+    rs_bucket_spans_fn bucket_spans;
+    _Atomic(struct vocabulary_node*) vocabularies; /* rs_servable_add_vocabulary's, newest first */
     atomic_int_fast64_t n_routes;
     _Atomic(route*) routes[ROUTE_BUCKETS];
 };
@@ -188,8 +208,8 @@ void rs_slot_publish(rs_route_slot* slot, rs_servable* s, int32_t reason_if_null
 }
 
 rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, rs_lookup_at_fn lookup_at,
-                                rs_xxh64_spans_fn xxh64_spans) {
-    if (!run || !lookup_at || !xxh64_spans)
+                                rs_xxh64_spans_fn xxh64_spans, rs_bucket_spans_fn bucket_spans) {
+    if (!run || !lookup_at || !xxh64_spans || !bucket_spans)
         return NULL;
     rs_servable* s = alloc_lines(sizeof *s);
     if (!s)
@@ -200,7 +220,35 @@ rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, r
     s->runner = runner;
     s->lookup_at = lookup_at;
     s->xxh64_spans = xxh64_spans;
+    s->bucket_spans = bucket_spans;
     return s;
+}
+
+int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
+                                   const int64_t* indices, int64_t n) {
+    if (!s)
+        return 0;
+    struct vocabulary_node* node = malloc(sizeof *node);
+    rs_vocabulary* v = node ? rs_vocabulary_build(words, lengths, indices, n) : NULL;
+    if (!v) {
+        free(node);
+        return 0;
+    }
+    node->vocabulary = v;
+    node->next = atomic_load(&s->vocabularies);
+    /* Release: a compile that finds the node sees the vocabulary fully built. */
+    while (!atomic_compare_exchange_weak_explicit(&s->vocabularies, &node->next, node, memory_order_release,
+                                                  memory_order_relaxed)) {
+    }
+    return (int64_t)(intptr_t)v;
+}
+
+/* The servable's vocabulary whose handle is `handle`, or NULL: a description names only these. */
+static const rs_vocabulary* vocabulary_of(rs_servable* s, int64_t handle) {
+    for (struct vocabulary_node* n = atomic_load_explicit(&s->vocabularies, memory_order_acquire); n; n = n->next)
+        if ((int64_t)(intptr_t)n->vocabulary == handle)
+            return n->vocabulary;
+    return NULL;
 }
 
 int64_t rs_servable_leases(rs_servable* s) {
@@ -239,6 +287,12 @@ void rs_servable_free(rs_servable* s) {
         return;
     for (int i = 0; i < ROUTE_BUCKETS; i++)
         route_free(atomic_load(&s->routes[i]));
+    for (struct vocabulary_node* n = atomic_load(&s->vocabularies); n;) {
+        struct vocabulary_node* next = n->next;
+        rs_vocabulary_free(n->vocabulary);
+        free(n);
+        n = next;
+    }
     free(s);
 }
 
@@ -312,14 +366,7 @@ static void reach(route* rt, int64_t slot, int64_t slots) {
         rt->values_end = slot + slots;
 }
 
-static uint64_t hash_key(const uint8_t* key, int64_t size) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (int64_t i = 0; i < size; i++)
-        h = (h ^ key[i]) * 1099511628211ULL;
-    return h;
-}
-
-static route* compile(const int64_t* ints, int64_t n_ints, const char* names, int64_t names_size) {
+static route* compile(rs_servable* s, const int64_t* ints, int64_t n_ints, const char* names, int64_t names_size) {
     route* rt = calloc(1, sizeof *rt);
     if (!rt)
         return NULL;
@@ -336,15 +383,24 @@ static route* compile(const int64_t* ints, int64_t n_ints, const char* names, in
         goto bad;
     rt->batch = next(&r);
 
-    rt->n_strings = next_count(&r, 2);
-    rt->strings = calloc((size_t)rt->n_strings + 1, 2 * sizeof(int64_t));
+    rt->n_strings = next_count(&r, 4);
+    rt->strings = calloc((size_t)rt->n_strings + 1, sizeof(string_input));
     for (int64_t i = 0; rt->strings && i < rt->n_strings; i++) {
-        int64_t first = next(&r), stop = next(&r);
-        if (first < 0 || stop < first || (stop - first) % 2)
+        string_input* in = &rt->strings[i];
+        in->first = next(&r);
+        in->stop = next(&r);
+        in->key = next(&r);
+        int64_t arg = next(&r);
+        if (in->first < 0 || in->stop < in->first || (in->stop - in->first) % 2)
             r.bad = true;
-        rt->strings[2 * i] = first;
-        rt->strings[2 * i + 1] = stop;
-        reach(rt, first, stop - first);
+        else
+            reach(rt, in->first, in->stop - in->first);
+        if (in->key == KEY_BUCKETS && arg > 0)
+            in->buckets = (uint64_t)arg;
+        else if (in->key == KEY_VOCABULARY)
+            r.bad |= !(in->vocabulary = vocabulary_of(s, arg));
+        else if (in->key != KEY_XXH64 || arg != 0)
+            r.bad = true;
     }
 
     rt->n_tasks = next_count(&r, 6);
@@ -447,13 +503,9 @@ bad:
     return NULL;
 }
 
-int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, const int64_t* ints, int64_t n_ints,
-                          const char* names, int64_t names_size) {
-    if (!s || !key || key_size <= 0 || !ints || n_ints <= 0 || names_size < 0 || (names_size && !names))
-        return -1;
-    route* rt = compile(ints, n_ints, names ? names : "", names_size);
-    if (!rt)
-        return -1;
+/* Publishes rt (owned from here on) under key[key_size]: 0, or 1 when the table is full or
+ * the key is already there (rt is freed), -1 out of memory. */
+static int insert_route(rs_servable* s, route* rt, const uint8_t* key, int64_t key_size) {
     rt->key = malloc((size_t)key_size);
     if (!rt->key) {
         route_free(rt);
@@ -461,7 +513,7 @@ int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, 
     }
     memcpy(rt->key, key, (size_t)key_size);
     rt->key_size = key_size;
-    rt->hash = hash_key(key, key_size);
+    rt->hash = rs_fnv1a64(key, key_size);
     if (atomic_load(&s->n_routes) >= ROUTE_BUCKETS / 2) {
         route_free(rt);
         return 1;
@@ -482,8 +534,26 @@ int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, 
     return 1;
 }
 
+int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size, const int64_t* ints, int64_t n_ints,
+                          const char* names, int64_t names_size) {
+    if (!s || !key || key_size <= 0 || !ints || n_ints <= 0 || names_size < 0 || (names_size && !names))
+        return -1;
+    route* rt = compile(s, ints, n_ints, names ? names : "", names_size);
+    return rt ? insert_route(s, rt, key, key_size) : -1;
+}
+
+int rs_servable_refuse_layout(rs_servable* s, const uint8_t* key, int64_t key_size) {
+    if (!s || !key || key_size <= 0)
+        return -1;
+    route* rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return -1;
+    rt->refused = true;
+    return insert_route(s, rt, key, key_size);
+}
+
 static const route* find_route(rs_servable* s, const uint8_t* key, int64_t size) {
-    uint64_t h = hash_key(key, size);
+    uint64_t h = rs_fnv1a64(key, size);
     for (uint64_t i = 0; i < ROUTE_BUCKETS; i++) {
         const route* rt = atomic_load_explicit(&s->routes[(h + i) & (ROUTE_BUCKETS - 1)], memory_order_acquire);
         if (!rt)
@@ -759,8 +829,15 @@ static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* 
         goto done;
     }
     for (int64_t i = 0; i < rt->n_strings; i++) {
-        int64_t first = rt->strings[2 * i], stop = rt->strings[2 * i + 1];
-        s->xxh64_spans(data, values + first, (stop - first) / 2, values + first);
+        const string_input* in = &rt->strings[i];
+        int64_t* spans = values + in->first;
+        int64_t n_spans = (in->stop - in->first) / 2;
+        if (in->key == KEY_BUCKETS)
+            s->bucket_spans(data, spans, n_spans, in->buckets, spans);
+        else if (in->key == KEY_VOCABULARY)
+            rs_vocabulary_spans(in->vocabulary, data, spans, n_spans, spans);
+        else
+            s->xxh64_spans(data, spans, n_spans, spans);
     }
     arena = malloc((size_t)(rt->arena_floats ? rt->arena_floats : 1) * sizeof(float));
     owned[rt->n_dense] = arena;
@@ -853,7 +930,9 @@ int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uin
     reason = parse(data, size, &values, &scratch, &layout_size);
     if (!reason) {
         rt = find_route(s, (const uint8_t*)scratch, layout_size);
-        if (!rt || rt->values_end > size + 1)
+        if (rt && rt->refused)
+            reason = RS_FALLBACK_NOT_NATIVE;
+        else if (!rt || rt->values_end > size + 1)
             reason = RS_FALLBACK_ROUTE_MISS;
     }
     times[0] = now_ns(CLOCK_MONOTONIC);

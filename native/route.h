@@ -31,13 +31,18 @@
 enum {
     RS_FALLBACK_NO_SERVABLE = 0,  /* nothing published: no version yet, or the version is not native */
     RS_FALLBACK_PARSE,            /* the C parser declined the bytes (the generated parser decides) */
-    RS_FALLBACK_ROUTE_MISS,       /* the layout has no native route (yet, or it cannot have one) */
+    RS_FALLBACK_ROUTE_MISS,       /* the layout has no native route yet: its first request
+                                     (Python validates it and registers its route) */
     RS_FALLBACK_LOOKUP,           /* the engine lookup failed */
     RS_FALLBACK_RUN,              /* the dense run failed (Python reruns it and owns the message) */
     RS_FALLBACK_OUTPUT,           /* an output the native encoder does not write */
     RS_FALLBACK_MEMORY,           /* malloc failed */
     RS_FALLBACK_EMPTY,            /* input_size 0: the signature description (Python) */
     RS_FALLBACK_TRACE,            /* the caller asked for an ONNX Runtime profile (Python-only) */
+    RS_FALLBACK_NOT_NATIVE,       /* a layout Python found has no native form (rs_servable_refuse_layout:
+                                     a dense input of float16, complex or strings; a Concat the
+                                     route cannot fold; a vocabulary not built for want of
+                                     memory -- native_route.describe lists them) */
     RS_FALLBACK_REASONS
 };
 /* Counters (rs_slot_counters): the fallbacks above, then these. */
@@ -62,6 +67,8 @@ typedef struct rs_servable rs_servable;
 typedef int (*rs_lookup_at_fn)(const rs_lookup_task* tasks, int64_t n_tasks, const int64_t* ids_base,
                                float* out_base);
 typedef void (*rs_xxh64_spans_fn)(const uint8_t* data, const int64_t* spans, int64_t n, int64_t* out);
+typedef void (*rs_bucket_spans_fn)(const uint8_t* data, const int64_t* spans, int64_t n, uint64_t buckets,
+                                   int64_t* out);
 
 RS_ROUTE_API rs_route_slot* rs_slot_create(void);
 /* Only after rs_slot_publish(slot, NULL, ...): no request can be inside it then. */
@@ -73,15 +80,29 @@ RS_ROUTE_API void rs_slot_count(rs_route_slot* slot, int32_t reason);
 /* Copies up to cap counters (RS_COUNTERS) into out; returns RS_COUNTERS. */
 RS_ROUTE_API int64_t rs_slot_counters(rs_route_slot* slot, int64_t* out, int64_t cap);
 
-/* A version with no routes yet; run(runner, ...) runs its dense graph. One lease: the owner's. */
+/* A version with no routes yet; run(runner, ...) runs its dense graph; string ids are keyed by
+ * the engine's xxh64_spans / bucket_spans (rs_xxh64_spans, rs_bucket_spans) or a vocabulary
+ * of the servable's. One lease: the owner's. */
 RS_ROUTE_API rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner,
-                                             rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans);
+                                             rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans,
+                                             rs_bucket_spans_fn bucket_spans);
+/* Builds a vocabulary (route_vocabulary.h: n words back to back in `words`, word i of
+ * lengths[i] bytes keyed indices[i]) that the servable owns and frees with itself. Returns its
+ * handle, which route descriptions name, or 0 when out of memory / malformed. Callers
+ * serialise it with rs_servable_add_route's that name it (the handle must exist first);
+ * requests never read the list. */
+RS_ROUTE_API int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
+                                                const int64_t* indices, int64_t n);
 /* Compiles a route from its description (native_route.py writes it: ints[n_ints] and a blob of
  * NUL-terminated names) for requests whose layout bytes equal key[key_size]. 0, or -1 when the
  * description is malformed, 1 when the table is full or the key is already there. */
 RS_ROUTE_API int rs_servable_add_route(rs_servable* s, const uint8_t* key, int64_t key_size,
                                        const int64_t* ints, int64_t n_ints, const char* names,
                                        int64_t names_size);
+/* Marks the layout key[key_size] as one with no native form: its requests fall back as
+ * RS_FALLBACK_NOT_NATIVE (not ROUTE_MISS) from now on. Returns as rs_servable_add_route. */
+RS_ROUTE_API int rs_servable_refuse_layout(rs_servable* s, const uint8_t* key, int64_t key_size);
+/* Layouts registered (routes and refused layouts). */
 RS_ROUTE_API int64_t rs_servable_routes(rs_servable* s);
 /* Waits up to timeout_ms for every lease but the owner's to end: 0 once they have, 1 on timeout. */
 RS_ROUTE_API int rs_servable_drain(rs_servable* s, int64_t timeout_ms);

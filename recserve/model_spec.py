@@ -94,14 +94,28 @@ class EmbeddingBinding:
     # into N buckets ("key_hash": "farmhash64_mod"), what a converted SavedModel's hashed
     # columns do.
     buckets: int = 0
-    # String keys that are their index in this list ("key_hash": "vocabulary"; absent: -1,
-    # padding): a converted SavedModel's vocabulary columns.
-    vocabulary: tuple[str, ...] = ()
+    # String keys that are `vocabulary_start` + their index in this list ("key_hash":
+    # "vocabulary"): a converted SavedModel's vocabulary columns and Keras StringLookup layers.
+    # A string not in it gets `oov_start + Fingerprint64 % oov_buckets` when oov_buckets > 0
+    # (num_oov_buckets, num_oov_indices > 1), else `default_id` (-1: dropped, as padding).
+    vocabulary: tuple[str | None, ...] = ()  # None: an id no string has (a gap)
+    vocabulary_start: int = 0
+    default_id: int = -1
+    oov_buckets: int = 0
+    oov_start: int = 0
+    # '' is padding (feature columns drop it); False: '' is hashed or looked up like any
+    # string (Keras's Hashing and StringLookup layers).
+    empty_is_padding: bool = True
 
     def to_json(self) -> dict[str, Any]:
         hashing: dict[str, Any] = {"key_hash": KEY_HASH_TF, "buckets": self.buckets} if self.buckets else {}
         if self.vocabulary:
             hashing = {"key_hash": KEY_HASH_VOCABULARY, "vocabulary": list(self.vocabulary)}
+            options = {"vocabulary_start": (self.vocabulary_start, 0), "default_id": (self.default_id, -1),
+                       "oov_buckets": (self.oov_buckets, 0), "oov_start": (self.oov_start, 0)}
+            hashing |= {key: value for key, (value, unset) in options.items() if value != unset}
+        if not self.empty_is_padding:
+            hashing["empty_is_padding"] = False
         return hashing | {
             "input": self.input,
             "table": self.table,
@@ -148,8 +162,9 @@ class ModelSpec:
         return json.dumps(self.to_json(), indent=2, sort_keys=True)
 
 
+_VOCABULARY_OPTIONS = {"vocabulary_start": 0, "default_id": -1, "oov_buckets": 0, "oov_start": 0}
 _BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default", "key_hash", "buckets",
-                 "vocabulary"}
+                 "vocabulary", "empty_is_padding", *_VOCABULARY_OPTIONS}
 
 
 def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
@@ -186,12 +201,24 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         raise ModelLoadError(f"{where}: 'buckets' goes with 'key_hash' {KEY_HASH_TF!r}")
     vocabulary = raw.get("vocabulary", [])
     if key_hash == KEY_HASH_VOCABULARY:
-        if key_dtype != "string" or not isinstance(vocabulary, list) or not vocabulary or \
-                not all(isinstance(w, str) for w in vocabulary):
+        if key_dtype != "string" or not isinstance(vocabulary, list) or \
+                not any(isinstance(w, str) for w in vocabulary) or \
+                not all(w is None or isinstance(w, str) for w in vocabulary):
             raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_VOCABULARY!r} needs 'key_dtype' \"string\" and "
-                                 "'vocabulary' a non-empty list of strings")
-    elif "vocabulary" in raw:
-        raise ModelLoadError(f"{where}: 'vocabulary' goes with 'key_hash' {KEY_HASH_VOCABULARY!r}")
+                                 "'vocabulary' a non-empty list of strings (null: an id no string has)")
+    else:
+        for key in ("vocabulary", *_VOCABULARY_OPTIONS):
+            if key in raw:
+                raise ModelLoadError(f"{where}: {key!r} goes with 'key_hash' {KEY_HASH_VOCABULARY!r}")
+    options = {key: raw.get(key, unset) for key, unset in _VOCABULARY_OPTIONS.items()}
+    for key, value in options.items():
+        low = -1 if key == "default_id" else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ModelLoadError(f"{where}: {key!r} is {value!r}; it must be an integer >= {low}")
+    empty_is_padding = raw.get("empty_is_padding", True)
+    if not isinstance(empty_is_padding, bool) or (not empty_is_padding and key_hash == "xxh64"):
+        raise ModelLoadError(f"{where}: 'empty_is_padding' is {empty_is_padding!r}; it is true or false, and false "
+                             f"goes with 'key_hash' {KEY_HASH_TF!r} or {KEY_HASH_VOCABULARY!r}")
     graph_input = raw.get("graph_input", raw["input"])
     if not isinstance(graph_input, str):
         raise ModelLoadError(f"{where}: 'graph_input' must be a string")
@@ -205,6 +232,8 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         default=DefaultSpec.from_json(raw.get("default", "zeros"), where),
         buckets=buckets if key_hash == KEY_HASH_TF else 0,
         vocabulary=tuple(vocabulary) if key_hash == KEY_HASH_VOCABULARY else (),
+        empty_is_padding=empty_is_padding,
+        **options,
     )
 
 

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             from recserve.convert.parity import check_parity
 
-            report = check_parity(args.savedmodel_dir, args.out_dir, conversion.signature, args.check)
+            report = check_parity(args.savedmodel_dir, args.out_dir, conversion.signature, args.check,
+                                  {lookup.input: lookup.padded for lookup in conversion.lookups})
             print(report.summary())
     except RecserveError as exc:
         shutil.rmtree(args.out_dir, ignore_errors=True)  # ours (it did not exist): a refused conversion leaves nothing

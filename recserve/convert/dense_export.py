@@ -12,7 +12,7 @@ variable's name, so a checkpoint's dense variables override it by name (DESIGN Â
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = ["ONNX_OPSET", "dense_graph", "lookup_input", "output_name", "to_onnx"
 
 ONNX_OPSET = 17
 _DT_FLOAT = 1
+_DT_RESOURCE = 20
 
 
 def lookup_input(lookup: Lookup) -> str:
@@ -44,10 +45,11 @@ def _placeholder(graph_def: Any, name: str, dim: int, rank: int) -> Any:
 
 
 def dense_graph(graph_def: Any, lookups: Sequence[Lookup], outputs: Sequence[str],
-                variables: str) -> tuple[Any, dict[str, str]]:
+                variables: str, keys: Mapping[str, str] | None = None) -> tuple[Any, dict[str, str]]:
     """A copy of `graph_def` cut at the lookups, pruned to `outputs`, variables frozen from
-    bundle prefix `variables`. Returns the new GraphDef and, for each tensor holding a
-    variable's value (the Const, its reads), that variable's name."""
+    bundle prefix `variables` (variable `v` read as key `keys[v]`, else as `v`). Returns the
+    new GraphDef and, for each tensor holding a variable's value (the Const, its reads),
+    that variable's name."""
     out = copy.deepcopy(graph_def)
     cuts = {lk.cut: _placeholder_name(lk) for lk in lookups}
     for node in out.node:
@@ -68,14 +70,14 @@ def dense_graph(graph_def: Any, lookups: Sequence[Lookup], outputs: Sequence[str
     pruned = [n for n in out.node if n.name in keep]
     del out.node[:]
     out.node.extend(pruned)
-    return out, _freeze(out, variables)
+    return out, _freeze(out, variables, keys or {})
 
 
 def _placeholder_name(lookup: Lookup) -> str:
     return f"recserve_lookup/{lookup.input}"
 
 
-def _freeze(graph_def: Any, variables: str) -> dict[str, str]:
+def _freeze(graph_def: Any, variables: str, keys: Mapping[str, str]) -> dict[str, str]:
     """Variables -> Const of their saved value; ReadVariableOp -> Identity of that Const."""
     from tensorflow.python.framework import tensor_util
 
@@ -84,9 +86,11 @@ def _freeze(graph_def: Any, variables: str) -> dict[str, str]:
     try:
         for node in graph_def.node:
             if node.op in VARIABLE_OPS:
-                if node.name not in bundle.entries:
-                    raise ModelLoadError(f"variable {node.name!r} of the dense graph is not in {variables}")
-                value = np.array(bundle.read(node.name))
+                key = keys.get(node.name, node.name)
+                if key not in bundle.entries:
+                    raise ModelLoadError(f"variable {node.name!r} of the dense graph is not in {variables} "
+                                         f"(looked for {key!r})")
+                value = np.array(bundle.read(key))
                 dtype = node.attr["dtype"].type
                 node.op = "Const"
                 for key in list(node.attr):
@@ -100,6 +104,7 @@ def _freeze(graph_def: Any, variables: str) -> dict[str, str]:
                 for key in list(node.attr):
                     del node.attr[key]
                 node.attr["T"].type = dtype
+        _retype_handles(graph_def, holds)
         for _ in range(2):  # a variable's read (VariableV2's `/read`, a ReadVariableOp) holds its value too
             for node in graph_def.node:
                 if node.op == "Identity" and tensor_name(node.input[0]) in holds:
@@ -109,16 +114,30 @@ def _freeze(graph_def: Any, variables: str) -> dict[str, str]:
     return holds
 
 
-def to_onnx(graph_def: Any, lookups: Sequence[Lookup], inputs: Sequence[str], outputs: Sequence[str],
+def _retype_handles(graph_def: Any, frozen: dict[str, str]) -> None:
+    """Identities that passed a variable's handle (an inlined function's resource argument)
+    pass its frozen value now: their type becomes the value's."""
+    by_name = {n.name: n for n in graph_def.node}
+    dtypes = {name.split(":")[0]: by_name[name.split(":")[0]].attr["dtype"].type for name in frozen}
+    changed = True
+    while changed:
+        changed = False
+        for node in graph_def.node:
+            if node.op == "Identity" and node.attr["T"].type == _DT_RESOURCE and node_name(node.input[0]) in dtypes:
+                node.attr["T"].type = dtypes[node.name] = dtypes[node_name(node.input[0])]
+                changed = True
+
+
+def to_onnx(graph_def: Any, lookups: Sequence[Lookup], inputs: Sequence[str], outputs: Mapping[str, str],
             holds: dict[str, str]) -> Any:
     """tf2onnx's ModelProto of the dense graph: inputs = the dense signature inputs and one
-    per lookup (`lookup_input`), outputs = the signature's output tensors, all named
-    without ':0'; initializers holding a variable's value renamed to the variable."""
+    per lookup (`lookup_input`), named without ':0'; `outputs`: the graph's output tensors ->
+    their ONNX names; initializers holding a variable's value renamed to the variable."""
     import tf2onnx
 
     rename = {tensor_name(i): node_name(i) for i in inputs}
     rename |= {f"{_placeholder_name(lk)}:0": lookup_input(lk) for lk in lookups}
-    rename |= {tensor_name(o): output_name(o) for o in outputs}
+    rename |= {tensor_name(o): name for o, name in outputs.items()}
     model, _ = tf2onnx.convert.from_graph_def(
         graph_def, input_names=[tensor_name(i) for i in inputs] + [f"{_placeholder_name(lk)}:0" for lk in lookups],
         output_names=[tensor_name(o) for o in outputs], opset=ONNX_OPSET, tensors_to_rename=rename)

@@ -2,7 +2,8 @@
 
 Requests come from the signature: strings drawn from a few common words, '' (padding),
 non-ASCII and never-seen ones; ids over the table's rows and -1; floats N(0, 1). TensorFlow
-runs the SavedModel itself (`session.run`, as DeepRec and TF Serving do); recserve serves the
+runs the SavedModel itself (`session.run`, as DeepRec and TF Serving do; a TF2 SavedModel
+through `tf.saved_model.load`'s signature); recserve serves the
 converted dir from the SavedModel's variables. Above TOLERANCE the conversion is refused,
 naming the worst request's inputs. Runs in the conversion process (TensorFlow is there).
 """
@@ -71,52 +72,90 @@ def _tf_inputs(request: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.char.encode(v.astype(str), "utf-8") if v.dtype == object else v for k, v in request.items()}
 
 
-def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n: int) -> ParityReport:
+class _TensorFlowRun:
+    """TensorFlow running the SavedModel: a TF1 graph by `session.run` (as DeepRec and TF
+    Serving do), a TF2 one (a function library) by `tf.saved_model.load`'s signature, which
+    also runs what a session-style load cannot (Keras 3's `tf.saved_model.save`)."""
+
+    def __init__(self, savedmodel_dir: str, signature_name: str, meta: Any) -> None:
+        import tensorflow as tf
+
+        from recserve.convert.savedmodel import SERVE_TAG
+
+        self.signature = meta.signature_def[signature_name]
+        self.keys = sorted(self.signature.outputs)
+        self._session = None
+        if meta.graph_def.library.function:
+            self._function = tf.saved_model.load(savedmodel_dir, tags=[SERVE_TAG]).signatures[signature_name]
+            return
+        tf1 = tf.compat.v1
+        graph = tf.Graph()
+        config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+        self._session = tf1.Session(graph=graph, config=config)
+        with graph.as_default():
+            tf1.saved_model.loader.load(self._session, [SERVE_TAG], savedmodel_dir)
+        self._fetches = [graph.get_tensor_by_name(self.signature.outputs[k].name) for k in self.keys]
+        self._feeds = {k: graph.get_tensor_by_name(info.name) for k, info in self.signature.inputs.items()}
+
+    def run(self, request: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        inputs = _tf_inputs(request)
+        if self._session is None:
+            import tensorflow as tf
+
+            out = self._function(**{k: tf.constant(v) for k, v in inputs.items()})
+            return [out[k].numpy() for k in self.keys]
+        return self._session.run(self._fetches, {self._feeds[k]: v for k, v in inputs.items()})
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+
+
+def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n: int,
+                 padded: Mapping[str, bool] | None = None) -> ParityReport:
+    """TensorFlow vs the converted dir on `n` synthesized requests. `padded`: ids input ->
+    whether the graph drops id -1 (the conversion's Lookup.padded); absent: where the
+    binding pools."""
     import tensorflow as tf
 
-    from recserve.convert.savedmodel import SERVE_TAG, read_signature
+    from recserve.convert.savedmodel import read_signature
     from recserve.convert.savedmodel_graph import EV_OPS
     from recserve.processor.processor import Processor
 
     meta, _, _ = read_signature(savedmodel_dir, signature_name)
     if any(node.op in EV_OPS for node in meta.graph_def.node):
         return ParityReport(0, 0.0, {}, "the graph holds DeepRec's Embedding Variable ops, which TensorFlow cannot run")
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
-    with graph.as_default(), tf1.Session(graph=graph, config=config) as sess:
-        meta = tf1.saved_model.loader.load(sess, [SERVE_TAG], savedmodel_dir)
-        sig = meta.signature_def[signature_name]
-        rows = {}
-        for node in meta.graph_def.node:
-            if node.op in ("VariableV2", "VarHandleOp"):
-                rows[node.name] = [d.size for d in node.attr["shape"].shape.dim]
+    rows = {node.name: [d.size for d in node.attr["shape"].shape.dim] for node in meta.graph_def.node
+            if node.op in ("VariableV2", "VarHandleOp")}
+    reference = _TensorFlowRun(savedmodel_dir, signature_name, meta)
+    processor = None
+    try:
         processor = Processor({"savedmodel_dir": converted_dir, "model_store_type": "local",
                                "signature_name": signature_name})
-        try:
-            lookups = {b.input: b for b in processor._model.spec.embeddings}
-            # -1 is padding where the lookup pools (feature columns drop it); a plain gather rejects it.
-            table_rows = {name: (_rows(b.table, rows), -1 if b.combiner != "none" else 0)
-                          for name, b in lookups.items()}
-            requests = synthesize_requests(sig, table_rows, n)
-            keys = sorted(sig.outputs)
-            fetches = [graph.get_tensor_by_name(sig.outputs[k].name) for k in keys]
-            feeds = {k: graph.get_tensor_by_name(info.name) for k, info in sig.inputs.items()}
-            worst, worst_request = 0.0, {}
-            for request in requests:
-                try:
-                    want = sess.run(fetches, {feeds[k]: v for k, v in _tf_inputs(request).items()})
-                except tf.errors.OpError as exc:
-                    shown = {k: v.tolist() for k, v in request.items()}
-                    raise ModelLoadError(f"TensorFlow could not run a synthesized request ({exc.message.splitlines()[0]});"
-                                         f" the request: {shown}") from exc
-                got = processor.predict(request, keys)
-                diff = max(float(np.max(np.abs(np.asarray(got[k], np.float64) - np.asarray(w, np.float64)),
-                                        initial=0.0)) for k, w in zip(keys, want))
-                if diff > worst or not worst_request:
-                    worst, worst_request = diff, request
-        finally:
+        lookups = {b.input: b for b in processor._model.spec.embeddings}
+        # -1 is padding where the graph pools (feature columns drop it); a plain gather rejects it
+        # (or, in Keras, reads the last row), even when the engine pools what follows it.
+        drops = padded if padded is not None else {name: b.combiner != "none" for name, b in lookups.items()}
+        table_rows = {name: (_rows(b.table, rows), -1 if drops.get(name) else 0) for name, b in lookups.items()}
+        requests = synthesize_requests(reference.signature, table_rows, n)
+        keys = reference.keys
+        worst, worst_request = 0.0, {}
+        for request in requests:
+            try:
+                want = reference.run(request)
+            except tf.errors.OpError as exc:
+                shown = {k: v.tolist() for k, v in request.items()}
+                raise ModelLoadError(f"TensorFlow could not run a synthesized request ({exc.message.splitlines()[0]});"
+                                     f" the request: {shown}") from exc
+            got = processor.predict(request, keys)
+            diff = max(float(np.max(np.abs(np.asarray(got[k], np.float64) - np.asarray(w, np.float64)),
+                                    initial=0.0)) for k, w in zip(keys, want))
+            if diff > worst or not worst_request:
+                worst, worst_request = diff, request
+    finally:
+        if processor is not None:
             processor.close()
+        reference.close()
     report = ParityReport(len(requests), worst, worst_request)
     if worst > TOLERANCE:
         shown = {k: v.tolist() for k, v in worst_request.items()}

@@ -13,16 +13,18 @@ variable and constants (TF1 feature columns' empty-row zeroing `Tile`/`ZerosLike
 and reshapes); the one tensor of the region read from outside it is the cut. recserve's
 engine computes exactly that tensor: [batch, dim], `combiner` over the non-padding ids ('' or
 -1), zeros for a sample without ids. The ids' path says how ids become keys:
-`StringToHashBucketFast` (Fingerprint64 mod buckets) or the int64 ids themselves.
+`StringToHashBucketFast` (Fingerprint64 mod buckets), a vocabulary table (string_ids.py), or
+the int64 ids themselves.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from recserve.convert.string_ids import string_ids
 from recserve.errors import ModelLoadError
 
 __all__ = ["Lookup", "ServingGraph", "find_lookups"]
@@ -40,7 +42,7 @@ _READS = frozenset({"Identity", "ReadVariableOp"})
 # Ops on an ids path recserve cannot reproduce yet: refused by name rather than served wrong.
 _UNSUPPORTED_ID_OPS = {
     "LookupTableFind": "a TF1 v1 lookup table (LookupTableFind)",
-    "StringToHashBucketStrong": "keyed hashing (StringToHashBucketStrong)",
+    "StringToHashBucketStrong": "keyed hashing (StringToHashBucketStrong, Keras Hashing with a salt)",
     "StringToHashBucket": "the legacy StringToHashBucket hash",
     "AsString": "ids hashed as strings (categorical_column_with_hash_bucket on integers)",
 }
@@ -68,11 +70,13 @@ class Lookup:
     rows: int | None           # rows of a plain variable (all partitions); None for an EV
     combiner: str              # sum / mean / sqrtn / none
     key_dtype: str             # "string" or "int64"
-    buckets: int               # StringToHashBucketFast's num_buckets; 0: the ids are the keys
     cut: str                   # the tensor the rest of the graph reads ('node:k')
     embedding_variable: bool   # a DeepRec Embedding Variable (keys are ids, rows from -keys/-values)
-    vocabulary: tuple[str, ...] = ()  # a vocabulary column's list: a string's id is its index
+    # How strings become keys: EmbeddingBinding's buckets / vocabulary (+ options) /
+    # empty_is_padding (string_ids.py); empty: int64 ids are the keys.
+    ids_options: Mapping[str, Any] = field(default_factory=dict)
     rank: int = 2              # of the cut tensor: [batch, dim] pooled, ids' rank + 1 unpooled
+    padded: bool = False       # the graph drops id -1 (SparseSegment pooling); else a gather reads it
 
 
 class ServingGraph:
@@ -153,15 +157,39 @@ def _forward(graph: ServingGraph, start: Any, allowed: frozenset[str], limit: in
 _RESHAPES = frozenset({"Identity", "Reshape"})
 
 
-def _unpooled_cut(graph: ServingGraph, start: Any, allowed: frozenset[str]) -> str:
-    """A lookup without pooling is cut right after its gather (or stitch), past reshapes
-    only: whatever else follows (a mean over a sequence, ...) stays in the dense graph."""
-    node = start
+_FOLDED_REDUCTIONS = {"Mean": "mean", "Sum": "sum"}
+
+
+def _unpooled_cut(graph: ServingGraph, start: Any, allowed: frozenset[str], ids_rank: int) -> tuple[str, str]:
+    """(cut, combiner) of a lookup without pooling: cut right after its gather (or stitch),
+    past reshapes only: whatever else follows (a mean over a sequence, ...) stays in the dense
+    graph — except a Mean or Sum over the sequence axis of [batch, L] ids right after the
+    gather (Keras's GlobalAveragePooling1D), which the engine pools itself (combiner mean/sum:
+    the same rows, added in id order)."""
+    node, reshaped = start, False
     while True:
         following = [c for c in graph.consumers.get(node.name, []) if c.name in graph.needed]
+        if len(following) == 1 and not reshaped and ids_rank == 2 and following[0].op in _FOLDED_REDUCTIONS:
+            reduce = following[0]
+            axis = _int_value(graph, reduce.input[1])
+            if axis in (1, -2) and not reduce.attr["keep_dims"].b and node_name(reduce.input[0]) == node.name:
+                return tensor_name(reduce.name), _FOLDED_REDUCTIONS[reduce.op]
         if len(following) != 1 or following[0].op not in _RESHAPES or not graph.sources(following[0].name) <= allowed:
-            return tensor_name(node.name)
+            return tensor_name(node.name), "none"
+        reshaped = reshaped or following[0].op != "Identity"
         node = following[0]
+
+
+def _int_value(graph: ServingGraph, ref: str) -> int | None:
+    """A scalar (or one-element) integer constant `ref` holds, through Identity nodes."""
+    node = graph.nodes.get(node_name(ref))
+    while node is not None and node.op == "Identity":
+        node = graph.nodes.get(node_name(node.input[0]))
+    if node is None or node.op != "Const":
+        return None
+    tensor = node.attr["value"].tensor
+    values = list(tensor.int_val) or list(tensor.int64_val)
+    return values[0] if len(values) == 1 else None
 
 
 def _cut(graph: ServingGraph, start: Any, allowed: frozenset[str], table: str) -> str:
@@ -190,10 +218,11 @@ def _id_path_ops(graph: ServingGraph, start: Any, ids: str) -> list[Any]:
 
 
 def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
-                 warnings: list[str] | None = None) -> list[Lookup]:
+                 warnings: list[str] | None = None, assets: Mapping[str, str] | None = None) -> list[Lookup]:
     """Every embedding lookup the signature's outputs depend on. `placeholders`: the
     signature's input node names -> their TensorInfo (dtype). What recserve serves
-    differently from TensorFlow on some inputs is appended to `warnings`."""
+    differently from TensorFlow on some inputs is appended to `warnings`. `assets`: the
+    SavedModel's asset files (tensor name and file name -> path), for vocabulary files."""
     warnings = [] if warnings is None else warnings
     groups: dict[str, list[tuple[Any, Any]]] = {}   # pooling / stitch / gather node -> (gather, variable)
     for name in sorted(graph.needed):
@@ -226,20 +255,20 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
             if op.op in _UNSUPPORTED_ID_OPS:
                 raise ModelLoadError(f"the lookup of {table!r} uses {_UNSUPPORTED_ID_OPS[op.op]} (op {op.name!r}), "
                                      "which recserve does not convert yet")
-        buckets = [op.attr["num_buckets"].i for op in path if op.op == "StringToHashBucketFast"]
         is_string = placeholders[ids[0]].dtype == 7  # DT_STRING
-        finds = [op for op in path if op.op == "LookupTableFindV2"]
-        vocabulary: tuple[str, ...] = ()
-        if finds:
-            if len(finds) != 1 or buckets or not is_string:
-                raise ModelLoadError(f"the lookup of {table!r} combines a vocabulary with other id mappings "
-                                     "(num_oov_buckets, integer vocabularies); recserve converts string vocabulary "
-                                     "lists with default_value -1")
-            vocabulary = _vocabulary(graph, finds[0], table)
-        elif is_string and len(buckets) != 1:
-            raise ModelLoadError(f"the lookup of {table!r} turns strings into ids by {sorted({o.op for o in path})}; "
-                                 "recserve converts StringToHashBucketFast")
-        if any(op.op == "LogicalAnd" for op in path) and any(op.op in ("Select", "SelectV2") for op in path):
+        if is_string:
+            ids_options = string_ids(graph, path, table, assets or {})
+        elif any(op.op in ("StringToHashBucketFast", "LookupTableFindV2") for op in path):
+            raise ModelLoadError(f"the lookup of {table!r} maps integer ids through {sorted({o.op for o in path})} "
+                                 "(an integer vocabulary or IntegerLookup), which recserve does not convert yet; "
+                                 "integer ids are converted when they are the keys themselves")
+        else:
+            ids_options = {}
+        kinds = {op.op for op in path}
+        if not is_string and {"Less", "SelectV2"} <= kinds and kinds & {"Add", "AddV2"}:  # where(i<0, i+rows, i)
+            warnings.append(f"the lookup of {table!r} reads a negative id as counted from the table's end (Keras's "
+                            "take); recserve answers zeros for negative ids (padding, left out of a pooled mean)")
+        elif any(op.op == "LogicalAnd" for op in path) and any(op.op in ("Select", "SelectV2") for op in path):
             warnings.append(f"the lookup of {table!r} replaces ids outside its range by a default id "
                             "(categorical_column_with_identity's default_value); recserve answers zeros for them")
         ev = variables[0].op in EV_OPS
@@ -252,12 +281,15 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         rows = None if ev else sum(s[0] for s in shapes)
         combiner = POOLING.get(start.op, "none")
         allowed = frozenset({ids[0], *(v.name for v in variables)})
+        if combiner != "none":
+            cut = _cut(graph, start, allowed, table)
+        else:
+            cut, combiner = _unpooled_cut(graph, start, allowed, _rank(placeholders[ids[0]]))
         lookups.append(Lookup(
             input=ids[0], table=table, parts=tuple(v.name for v in _in_part_order(variables)), dim=dim, rows=rows,
-            combiner=combiner, key_dtype="string" if is_string else "int64", buckets=buckets[0] if buckets else 0,
-            cut=_cut(graph, start, allowed, table) if combiner != "none" else _unpooled_cut(graph, start, allowed),
-            embedding_variable=ev, vocabulary=vocabulary, rank=_rank(placeholders[ids[0]]) + 1
-            if combiner == "none" else 2))
+            combiner=combiner, key_dtype="string" if is_string else "int64", ids_options=ids_options,
+            cut=cut, embedding_variable=ev, rank=_rank(placeholders[ids[0]]) + 1 if combiner == "none" else 2,
+            padded=start.op in POOLING))
     inputs = [lk.input for lk in lookups]
     twice = sorted({i for i in inputs if inputs.count(i) > 1})
     if twice:
@@ -269,40 +301,6 @@ def _rank(info: Any) -> int:
     if info.tensor_shape.unknown_rank:
         raise ModelLoadError(f"input {info.name!r} has no known rank; recserve needs it for an unpooled lookup")
     return len(info.tensor_shape.dim)
-
-
-def _const(graph: ServingGraph, ref: str) -> Any | None:
-    node = graph.nodes.get(node_name(ref))
-    while node is not None and node.op == "Identity":
-        node = graph.nodes.get(node_name(node.input[0]))
-    return node.attr["value"].tensor if node is not None and node.op == "Const" else None
-
-
-def _vocabulary(graph: ServingGraph, find: Any, table: str) -> tuple[str, ...]:
-    """The keys of the HashTableV2 `find` reads, in id order (what index_table_from_tensor
-    builds: keys -> range(len(keys)), default -1)."""
-    default = _const(graph, find.input[2])
-    if default is None or list(default.int64_val) != [-1]:
-        raise ModelLoadError(f"the vocabulary of {table!r} maps unknown strings to a default id other than -1; "
-                             "recserve converts default_value -1 (unknown strings dropped)")
-    handle = node_name(find.input[0])
-    while graph.nodes[handle].op == "Identity":
-        handle = node_name(graph.nodes[handle].input[0])
-    inits = [n for n in graph.nodes.values() if n.input and node_name(n.input[0]) == handle
-             and n.op in ("InitializeTableV2", "LookupTableImportV2", "InitializeTableFromTextFileV2")]
-    if len(inits) != 1 or inits[0].op == "InitializeTableFromTextFileV2":
-        raise ModelLoadError(f"the vocabulary of {table!r} is initialized by {[n.op for n in inits]}; recserve "
-                             "converts vocabulary lists (InitializeTableV2 from constants), not files, so far")
-    keys = _const(graph, inits[0].input[1])
-    if keys is None or not keys.string_val:
-        raise ModelLoadError(f"the vocabulary of {table!r} has keys that are not constant strings")
-    values = graph.nodes.get(node_name(inits[0].input[2]))
-    ranged = values is not None and values.op in ("Range", "Cast") or (
-        values is not None and values.op == "Const" and list(_const(graph, values.name).int64_val)
-        == list(range(len(keys.string_val))))
-    if not ranged:
-        raise ModelLoadError(f"the vocabulary of {table!r} maps its keys to ids other than their positions")
-    return tuple(k.decode("utf-8") for k in keys.string_val)
 
 
 def _in_part_order(variables: list[Any]) -> list[Any]:

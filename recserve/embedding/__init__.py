@@ -33,8 +33,11 @@ With ``buckets`` N > 0 (``string_keys(values, N)``, a binding's ``"key_hash":
 "farmhash64_mod"``) the key is TensorFlow's ``StringToHashBucketFast``: Fingerprint64
 (farmhash's farmhashna::Hash64, unsigned) of the bytes modulo N — what ``tf.strings.
 to_hash_bucket_fast`` returns, bit for bit; '' is still padding. ``StringKeys`` picks the
-function of a binding, vocabulary lookups included (a string's index in the list, -1 —
-padding — when absent, as TensorFlow's feature columns drop out-of-vocabulary ids).
+function of a binding, vocabulary lookups included (a string's index in the list plus
+``vocabulary_start``; when absent, ``oov_start`` + Fingerprint64 mod ``oov_buckets`` if
+those are set, else ``default_id``, -1 — padding — by default, as TensorFlow's feature
+columns drop out-of-vocabulary ids), and with ``empty_is_padding=False`` '' hashed or looked
+up like any string (Keras's Hashing and StringLookup layers).
 
 Default rows, ``DefaultSpec("normal", stddev, seed)``. The row of unknown key k (all
 arithmetic on unsigned 64-bit integers, modulo 2**64; seed taken modulo 2**64; k as its

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -65,16 +65,21 @@ class VersionInfo:
     version: str
     global_step: int
     tables: Mapping[str, TableInfo]
+    # The global steps of the deltas the importer wrote with the rows (a re-import after
+    # Redis lost them carries the deltas its importer had applied): a replica ahead of it
+    # writes only the others again.
+    deltas: tuple[int, ...] = ()
 
     def to_json(self) -> str:
         tables = {name: {"dim": t.dim, "rows": t.rows} for name, t in self.tables.items()}
-        return json.dumps({"version": self.version, "global_step": self.global_step, "tables": tables})
+        return json.dumps({"version": self.version, "global_step": self.global_step, "tables": tables,
+                           "deltas": list(self.deltas)})
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> VersionInfo:
         doc = json.loads(raw)
         tables = {name: TableInfo(int(t["dim"]), int(t["rows"])) for name, t in doc["tables"].items()}
-        return cls(str(doc["version"]), int(doc["global_step"]), tables)
+        return cls(str(doc["version"]), int(doc["global_step"]), tables, tuple(int(s) for s in doc.get("deltas", ())))
 
 
 def write_rows(client: Any, cluster: bool, prefix: bytes, keys: np.ndarray, values: np.ndarray) -> None:
@@ -200,6 +205,7 @@ def ensure_version(
     lock_seconds: float,
     wait_seconds: float,
     grace_seconds: float,
+    deltas: Sequence[int] = (),
     backoff: Backoff = _WAIT_BACKOFF,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -208,7 +214,9 @@ def ensure_version(
 
     `load_tables` is called only by the importer; it may raise ModelLoadError before any
     row is written. None: this replica cannot read the version's rows (a worker process,
-    whose leader imports), so it only waits for the version to be ready. Raises
+    whose leader imports), so it only waits for the version to be ready. `deltas`: the
+    global steps of the deltas `load_tables` applies to the rows (recorded in the ready
+    key). Raises
     VersionNotReadyError after `wait_seconds` without the version becoming ready,
     StorageError if Redis is unreachable."""
     deadline = clock() + wait_seconds
@@ -229,6 +237,7 @@ def ensure_version(
                     version,
                     global_step,
                     {n: TableInfo(int(d.values.shape[1]), len(d.keys)) for n, d in tables.items()},
+                    tuple(deltas),
                 )
                 keeper = _LockKeeper(conn, lock_key, token, lock_ms)
                 try:

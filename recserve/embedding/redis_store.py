@@ -218,6 +218,7 @@ def open_redis_tables(
                 lock_seconds=IMPORT_LOCK_SECONDS,
                 wait_seconds=wait,
                 grace_seconds=config.redis_version_grace_seconds,
+                deltas=[delta_step for delta_step, _, _ in applied],
             )
 
         started = time.monotonic()
@@ -256,19 +257,22 @@ def open_redis_tables(
             # the stream since the loss are gone with it).
             applied = list(deltas)
             # One that cannot import looks once and again at the follower's next round.
-            _, imported = import_version(applied, float(config.lock_timeout) if can_import else 0.0)
+            info, imported = import_version(applied, float(config.lock_timeout) if can_import else 0.0)
             if imported:  # their rows are in: a replica applying one later only re-reads
                 for delta_step, _, _ in applied:
                     mark_written(conn, space.delta(version, delta_step))
                 return
-            # Another replica imported it with the deltas *it* had applied, which may stop
-            # short of this one's (its updater lags, or it is the leader of workers that
-            # applied a newer delta first): each delta this replica's answers name is
-            # written again, once, by whichever replica claims its marker first; the
-            # follower serves again only after.
+            # Another replica imported it with the deltas *it* had applied (its ready key
+            # lists them), which may stop short of this one's (its updater lags, or it is
+            # the leader of workers that applied a newer delta first): each delta this
+            # replica's answers name and the import lacks is written again, once, by
+            # whichever replica claims its marker first; the follower serves again only
+            # after. A delta the import has is never written again: its rows may be older
+            # than a later delta's the import also has.
             for delta_step, read, apply in applied:
-                write_once(conn, space.delta(version, delta_step), lambda: apply(tables, read()),  # noqa: B023
-                           lock_seconds=IMPORT_LOCK_SECONDS, wait_seconds=float(config.lock_timeout))
+                if delta_step not in info.deltas:
+                    write_once(conn, space.delta(version, delta_step), lambda: apply(tables, read()),  # noqa: B023
+                               lock_seconds=IMPORT_LOCK_SECONDS, wait_seconds=float(config.lock_timeout))
 
         follower = VersionFollower(conn, space, version, tables, reimport, follow_stream=config.redis_stream_updates)
         follower.start()

@@ -5,7 +5,13 @@ not even its generator of default rows — so parity tests can compare the Proce
 it. Semantics implemented here:
 
 - a binding looks its request ids up in its table; strings hash with XXH64 (seed 0) of
-  their UTF-8 bytes read as int64, the empty string being padding;
+  their UTF-8 bytes read as int64, the empty string being padding; with `buckets` (a
+  converted SavedModel's `"key_hash": "farmhash64_mod"`) a string's key is TensorFlow's
+  Fingerprint64 modulo the buckets -- here the one exception to "never the engine": the
+  engine's pure-Python Fingerprint64 (recserve/embedding/_purekeys.py, checked against
+  TensorFlow itself in tests/convert/test_tf_string_hash.py; serving uses the C one); with a
+  `vocabulary`, a string's key is its (last) position in the list, -1 (padding) when absent
+  or empty;
 - padding (-1) gives a zero row; an unknown key gives the table default: zeros, or for
   `{"normal": ...}` the row the algorithm in recserve/embedding/__init__.py's docstring
   defines (splitmix64 streams, Box-Muller in double, rounded to float32), derived here
@@ -223,8 +229,16 @@ def _keys(binding: EmbeddingBinding, ids: Any) -> np.ndarray:
         return np.asarray(ids).astype(np.int64)
     arr = np.asarray(ids, dtype=object)
     flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.reshape(-1)]
-    hashed = [np.uint64(xxhash.xxh64_intdigest(v, seed=0)).view(np.int64) if v else -1
-              for v in flat]
+    if binding.vocabulary:
+        position = {word.encode("utf-8"): i for i, word in enumerate(binding.vocabulary)}
+        hashed = [position.get(v, -1) if v else -1 for v in flat]
+    elif binding.buckets:
+        from recserve.embedding._purekeys import fingerprint64
+
+        hashed = [fingerprint64(v) % binding.buckets if v else -1 for v in flat]
+    else:
+        hashed = [np.uint64(xxhash.xxh64_intdigest(v, seed=0)).view(np.int64) if v else -1
+                  for v in flat]
     return np.array(hashed, dtype=np.int64).reshape(arr.shape)
 
 

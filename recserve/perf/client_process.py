@@ -67,18 +67,28 @@ def _loop_factory(grpc: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 async def _run(job: Job) -> Samples:
-    start = time.perf_counter() + (job.start_at - time.time())
+    # Connections open before the window: a client process still importing grpc or
+    # connecting when the window opens (a loaded machine) would otherwise count its set-up
+    # as the server's time, or serve nothing at all in a short window. Its window then
+    # opens when it is ready: each process still measures `duration`.
+    conns = [open_connection(job.url, job.grpc) for _ in range(job.connections)]
+    first_error: list[str] = []
+    for failed in await asyncio.gather(*(c.connect(job.timeout) for c in conns), return_exceptions=True):
+        if isinstance(failed, ConnectionError | TimeoutError) and not first_error:
+            first_error.append(str(failed) or "connection timed out")
+        elif isinstance(failed, BaseException):
+            raise failed
+    start = max(time.perf_counter() + (job.start_at - time.time()), time.perf_counter())
     end = start + job.duration
     done: list[float] = []
     latency: list[float] = []
     ok: list[bool] = []
     statuses: Counter[str] = Counter()
-    first_error: list[str] = []
     counter, slot = _progress, job.slot
     n = len(job.payloads)
 
     async def connection(i: int) -> None:
-        conn = open_connection(job.url, job.grpc)
+        conn = conns[i]
         k = (i * 7919) % n  # connections start at different requests
         try:
             while (t0 := time.perf_counter()) < end:

@@ -29,7 +29,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from recserve.errors import RecserveError
 from recserve.native_library import open_library
 
 if TYPE_CHECKING:
+    from recserve.embedding import StringKeys
     from recserve.processor.request_route import RequestRoute, _FoldedFeed
     from recserve.processor.servable import Servable
     from recserve.processor.session_group import SessionGroup
@@ -50,11 +51,14 @@ __all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "R
 log = logging.getLogger("recserve.processor")
 
 # RS_FALLBACK_* in native/route.h, in order.
-FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "output", "memory", "empty", "trace")
+FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "output", "memory", "empty", "trace",
+                    "not_native")
 _NO_SERVABLE, _TRACE = 0, 8
-_SERVED, _WALL_NS, _COUNTERS = 9, 10, 11
+_SERVED, _WALL_NS, _COUNTERS = 10, 11, 12
 _INFO_SERVABLE, _INFO_BATCH, _INFO_T0, _INFO_SIZE = 0, 1, 2, 8
-_ROUTE_FORMAT = 1
+_ROUTE_FORMAT = 2
+# How a string input's ids become keys (KEY_* in native/route.c).
+_KEY_XXH64, _KEY_BUCKETS, _KEY_VOCABULARY = 0, 1, 2
 # RS_ELEM_* (ONNX TensorProto element types) of the dtypes the route feeds.
 _ELEM = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9,
          np.dtype(np.float64): 11}
@@ -92,8 +96,10 @@ def _load() -> ctypes.CDLL | None:
             "rs_slot_publish": (None, [p, p, ctypes.c_int32]),
             "rs_slot_count": (None, [p, ctypes.c_int32]),
             "rs_slot_counters": (i64, [p, p, i64]),
-            "rs_servable_create": (p, [i64, p, p, p, p]),
+            "rs_servable_create": (p, [i64, p, p, p, p, p]),
+            "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64]),
             "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
+            "rs_servable_refuse_layout": (ctypes.c_int, [p, ctypes.c_char_p, i64]),
             "rs_servable_routes": (i64, [p]),
             "rs_servable_drain": (ctypes.c_int, [p, i64]),
             "rs_servable_leases": (i64, [p]),
@@ -303,9 +309,18 @@ class NativeServable:
         self._closed = False
         lookup_at = ctypes.cast(engine._LIB.rs_lookup_at, ctypes.c_void_p).value
         xxh64 = ctypes.cast(engine._LIB.rs_xxh64_spans, ctypes.c_void_p).value
-        self.address = _LIB.rs_servable_create(self.id, runner.address, runner.runner, lookup_at, xxh64)  # type: ignore[union-attr]
+        buckets = ctypes.cast(engine._LIB.rs_bucket_spans, ctypes.c_void_p).value
+        self.address = _LIB.rs_servable_create(self.id, runner.address, runner.runner, lookup_at, xxh64,  # type: ignore[union-attr]
+                                               buckets)
         if not self.address:
             raise MemoryError("rs_servable_create failed")
+        # id(StringKeys) -> (it, its native vocabulary's handle): built here, with the version
+        # (never on a request thread), freed with the servable (rs_servable_free).
+        self._vocabularies: dict[int, tuple[StringKeys, int]] = {}
+        for _, bound, _ in servable.plans.values():
+            for _, _, keys in bound:
+                if keys is not None and keys.vocabulary:
+                    self._vocabulary(keys)
         _served_by[self.id] = (servable.version, weakref.ref(servable))
 
     @property
@@ -313,19 +328,40 @@ class NativeServable:
         return int(_LIB.rs_servable_routes(self.address))  # type: ignore[union-attr]
 
     def add(self, layout: bytes, route: RequestRoute) -> bool:
-        """Registers `route` for requests of `layout`; False when it cannot run natively."""
-        described = describe(route, self._concat)
-        if described is None:
-            return False
-        ints, names = described
+        """Registers `route` for requests of `layout`; False when it cannot run natively (its
+        requests are then counted as `not_native`)."""
         with self._lock:
             if self._closed:
                 return False
+            described = describe(route, self._concat, self._vocabulary)
+            if described is None:
+                _LIB.rs_servable_refuse_layout(self.address, layout, len(layout))  # type: ignore[union-attr]
+                return False
+            ints, names = described
             got = _LIB.rs_servable_add_route(self.address, layout, len(layout), ints.ctypes.data, len(ints),  # type: ignore[union-attr]
                                              names, len(names))
         if got < 0:
             log.error("the native route rejected a route description (a recserve bug); that layout stays in Python")
         return got == 0
+
+    def _vocabulary(self, keys: StringKeys) -> int:
+        """The handle of `keys`' vocabulary in this servable (built once); 0 when out of memory.
+        Called while the servable is made, or under self._lock."""
+        known = self._vocabularies.get(id(keys))
+        if known is not None:
+            return known[1]
+        words = list(keys.indices.items())
+        blob = b"".join(word for word, _ in words)
+        lengths = np.array([len(word) for word, _ in words], np.int64)
+        indices = np.array([index for _, index in words], np.int64)
+        handle = int(_LIB.rs_servable_add_vocabulary(self.address, blob, lengths.ctypes.data,  # type: ignore[union-attr]
+                                                     indices.ctypes.data, len(words)))
+        if handle:
+            self._vocabularies[id(keys)] = (keys, handle)
+        else:
+            log.error("version %s: no memory for a native vocabulary of %d words; its layouts stay in Python",
+                      _served_by[self.id][0], len(words))
+        return handle
 
     def close(self) -> None:
         """Waits for the requests leasing this servable natively to end, then frees it. The
@@ -393,10 +429,17 @@ def _fold(route: RequestRoute, concat: InputConcat) -> _FoldedFeed | None:
     return _FoldedFeed(concat.output, column, tuple(columns), tuple(blocks), tuple(inputs))  # type: ignore[arg-type]
 
 
-def describe(route: RequestRoute, concat: InputConcat | None = None) -> tuple[np.ndarray, bytes] | None:
+def describe(route: RequestRoute, concat: InputConcat | None = None,
+             vocabulary: Callable[[StringKeys], int] | None = None) -> tuple[np.ndarray, bytes] | None:
     """The int64 description rs_servable_add_route compiles (see native/route.c, compile())
-    and its NUL-terminated names; None when a part of the route has no native form.
-    `concat`: the session group's folded Concat of graph inputs, if it has one."""
+    and its NUL-terminated names; None when a part of the route has no native form (the
+    layout's requests are then counted as `not_native` and served in Python): a dense input
+    whose wire type or cast has no native reader (half floats, complex, strings fed to the
+    graph as they are), a Concat the session group folds that the route cannot, or a string
+    vocabulary that could not be built (`vocabulary` returned 0, or none was given), a
+    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64).
+    `concat`: the session group's folded Concat of graph inputs, if it has one;
+    `vocabulary`: the servable's native handle of a StringKeys' vocabulary."""
     names: dict[str, int] = {}
     blob = bytearray()
 
@@ -414,9 +457,19 @@ def describe(route: RequestRoute, concat: InputConcat | None = None) -> tuple[np
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
-        if keys.buckets or keys.vocabulary:
-            return None   # hash buckets and vocabularies key strings in Python (XXH64 only here)
-        ints += [first, stop]
+        if not keys.native_keyed:
+            return None   # unknown words to OOV buckets or a default id, '' not padding: keyed in Python
+        if keys.vocabulary:
+            handle = vocabulary(keys) if vocabulary is not None else 0
+            if not handle:
+                return None
+            ints += [first, stop, _KEY_VOCABULARY, handle]
+        elif keys.buckets:
+            if keys.buckets >= 1 << 63:
+                return None   # no int64 in the description holds it (TensorFlow's own are int64)
+            ints += [first, stop, _KEY_BUCKETS, keys.buckets]
+        else:
+            ints += [first, stop, _KEY_XXH64, 0]
     tasks = plan_layout.tasks
     ints.append(len(tasks))
     ints += tasks.reshape(-1).tolist()

@@ -251,7 +251,7 @@ class Servable:
         for name, sig in signatures.items():
             dense = tuple((a, spec.name) for a, spec in sig.inputs.items() if spec.binding is None)
             bindings = [(a, spec.binding) for a, spec in sig.inputs.items() if spec.binding is not None]
-            bound = tuple((a, b.graph_input, StringKeys(b.buckets, b.vocabulary) if b.key_dtype == "string" else None)
+            bound = tuple((a, b.graph_input, _string_keys(b) if b.key_dtype == "string" else None)
                           for a, b in bindings)
             pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
@@ -441,3 +441,9 @@ class Servable:
                 table.close()  # a tiered table's files go with it
         if self.on_close is not None:
             self.on_close()
+
+
+def _string_keys(binding: EmbeddingBinding) -> StringKeys:
+    """How a string binding's ids become keys (model.json's key_hash and its options)."""
+    return StringKeys(binding.buckets, binding.vocabulary, binding.vocabulary_start, binding.default_id,
+                      binding.oov_buckets, binding.oov_start, binding.empty_is_padding)

@@ -3,6 +3,8 @@ only ever runs in tf_model.py's own processes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 TAGS_LEN = 4
@@ -32,15 +34,54 @@ COLORS = ["red", "green", "blue", "北京"]
 VOCAB = [f"word{i}" for i in range(50)]
 
 
+def _picker(rng: np.random.Generator, known: float, unknown: str, spread: int) -> Callable[[list[str]], str]:
+    """A word of a list (with probability `known`), else '' (0.15), else `unknown<n>`."""
+    def pick(words: list[str]) -> str:
+        roll = rng.random()
+        return words[rng.integers(len(words))] if roll < known else "" if roll < known + 0.15 else \
+            f"{unknown}{rng.integers(spread)}"
+    return pick
+
+
 def vocab_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
     """Requests of tf_model.py's vocabulary model: known, unknown and '' strings."""
     rng = np.random.default_rng(seed)
-
-    def pick(words: list[str]) -> str:
-        roll = rng.random()
-        return words[rng.integers(len(words))] if roll < 0.6 else "" if roll < 0.75 else f"unknown{rng.integers(99)}"
+    pick = _picker(rng, 0.6, "unknown", 99)
 
     return [{"color": np.array([pick(COLORS) for _ in range(batch)], dtype=object),
              "words": np.array([[pick(VOCAB) for _ in range(3)] for _ in range(batch)], dtype=object),
              "x": rng.normal(0, 1, batch).astype(np.float32),
              "slot": rng.integers(0, 20, (batch, 2)).astype(np.int64)} for _ in range(n)]
+
+
+KERAS_CITIES = ["beijing", "hangzhou", "北京", "zürich"]
+KERAS_TAGS = [f"tag{i}" for i in range(20)]
+KERAS_ITEM_ROWS, KERAS_HIST_ROWS = 200, 50
+
+
+def keras_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of keras_model.py's model: known, unseen and '' strings; ids in range
+    (Keras reads a negative id from the table's end, which recserve does not: see the test)."""
+    rng = np.random.default_rng(seed)
+    pick = _picker(rng, 0.6, "unseen", 1 << 30)
+
+    return [{"city": np.array([pick(KERAS_CITIES) for _ in range(batch)], dtype=object),
+             "tags": np.array([[pick(KERAS_TAGS) for _ in range(3)] for _ in range(batch)], dtype=object),
+             "query": np.array([pick(WORDS) for _ in range(batch)], dtype=object),
+             "item": rng.integers(0, KERAS_ITEM_ROWS, batch).astype(np.int64),
+             "hist": rng.integers(0, KERAS_HIST_ROWS, (batch, 5)).astype(np.int64),
+             "age": rng.normal(0, 1, (batch, 1)).astype(np.float32)} for _ in range(n)]
+
+
+CITY_FILE_WORDS = ["paris", "berlin", "北京", "zürich", "rome"]
+
+
+def vocab_oov_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's vocab_oov model: known, unknown and '' strings."""
+    rng = np.random.default_rng(seed)
+    pick = _picker(rng, 0.55, "unknown", 999)
+
+    return [{"color": np.array([pick(COLORS) for _ in range(batch)], dtype=object),
+             "words": np.array([[pick(VOCAB) for _ in range(3)] for _ in range(batch)], dtype=object),
+             "city": np.array([pick(CITY_FILE_WORDS) for _ in range(batch)], dtype=object),
+             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]

@@ -1,5 +1,6 @@
 """model.json's string-key functions for converted SavedModels: `"key_hash": "farmhash64_mod"`
-with `buckets`, `"key_hash": "vocabulary"` with `vocabulary` — parsed strictly, written back
+with `buckets`, `"key_hash": "vocabulary"` with `vocabulary` and its options (start, default
+id, OOV buckets), `empty_is_padding` — parsed strictly, written back
 as read, and applied by StringKeys (no TensorFlow here: test_tf_string_hash compares the
 bucket function with TensorFlow itself)."""
 
@@ -21,7 +22,12 @@ def _spec(**binding: object) -> str:
 
 
 def test_key_hashes_round_trip():
-    for extra in ({"key_hash": "farmhash64_mod", "buckets": 1000}, {"key_hash": "vocabulary", "vocabulary": ["a", "b"]}):
+    for extra in ({"key_hash": "farmhash64_mod", "buckets": 1000}, {"key_hash": "vocabulary", "vocabulary": ["a", "b"]},
+                  {"key_hash": "farmhash64_mod", "buckets": 64, "empty_is_padding": False},
+                  {"key_hash": "vocabulary", "vocabulary": ["a"], "vocabulary_start": 3, "oov_buckets": 3},
+                  {"key_hash": "vocabulary", "vocabulary": ["a"], "vocabulary_start": 1, "default_id": 0,
+                   "empty_is_padding": False},
+                  {"key_hash": "vocabulary", "vocabulary": ["", None, "a"], "default_id": 1}):
         spec = parse_model_spec(_spec(**extra))
         assert parse_model_spec(spec.dumps()) == spec
         assert {k: v for k, v in spec.to_json()["embeddings"][0].items() if k in extra} == extra
@@ -36,6 +42,12 @@ def test_key_hashes_round_trip():
     ({"buckets": 10}, "'buckets' goes with 'key_hash' 'farmhash64_mod'"),
     ({"key_hash": "vocabulary", "vocabulary": []}, "'vocabulary' a non-empty list of strings"),
     ({"vocabulary": ["a"]}, "'vocabulary' goes with 'key_hash' 'vocabulary'"),
+    ({"default_id": 3}, "'default_id' goes with 'key_hash' 'vocabulary'"),
+    ({"key_hash": "vocabulary", "vocabulary": [None]}, "'vocabulary' a non-empty list of strings (null: an id"),
+    ({"key_hash": "vocabulary", "vocabulary": ["a", 3]}, "'vocabulary' a non-empty list of strings"),
+    ({"key_hash": "vocabulary", "vocabulary": ["a"], "default_id": -2}, "'default_id' is -2; it must be an integer >= -1"),
+    ({"key_hash": "vocabulary", "vocabulary": ["a"], "oov_buckets": "3"}, "'oov_buckets' is '3'; it must be an integer"),
+    ({"empty_is_padding": False}, "false goes with 'key_hash' 'farmhash64_mod' or 'vocabulary'"),
 ])
 def test_bad_key_hashes_are_refused_by_name(extra, message):
     with pytest.raises(ModelLoadError, match=f"embeddings\\[0\\]: .*{re.escape(message)}"):
@@ -53,3 +65,52 @@ def test_string_keys_of_a_vocabulary_and_of_buckets():
     buckets = StringKeys(buckets=1000)
     assert buckets.keys(values).tolist() == string_keys(values.ravel(), 1000).reshape(2, 2).tolist()
     assert StringKeys().keys(values).tolist() == string_keys(values.ravel()).reshape(2, 2).tolist()
+
+
+def test_string_keys_of_keras_and_oov_vocabularies():
+    """Keras's StringLookup (OOV id 0, words from 1, '' a string like any), num_oov_buckets
+    (unknown words hashed after the vocabulary), and '' hashed when it is not padding."""
+    from recserve.embedding._purekeys import fingerprint64
+
+    values = np.array(["red", "", "blue", "北京"], dtype=object)
+    keras = StringKeys(vocabulary=("red", "北京"), vocabulary_start=1, default_id=0, empty_is_padding=False)
+    assert keras.keys(values).tolist() == [1, 0, 0, 2]
+    masked = StringKeys(vocabulary=("", None, "red", "北京"), default_id=1, empty_is_padding=False)
+    assert masked.keys(values).tolist() == [2, 0, 1, 3]  # mask token '' -> 0, unknown -> 1
+    oov = StringKeys(vocabulary=("red", "北京"), oov_buckets=3, oov_start=2)
+    assert oov.keys(values).tolist() == [0, -1, 2 + fingerprint64(b"blue") % 3, 1]  # '' still padding here
+    hashed = StringKeys(buckets=64, empty_is_padding=False)
+    assert hashed.keys(values).tolist() == [fingerprint64(w.encode()) % 64 for w in values]
+    data = b"red" + b"blue"
+    spans = np.array([0, 3, 3, 0, 3, 4], dtype=np.int64)
+    hashed.keys_at(data, spans)
+    assert spans[:3].tolist() == [fingerprint64(b"red") % 64, fingerprint64(b"") % 64, fingerprint64(b"blue") % 64]
+    spans = np.array([0, 3, 3, 0, 3, 4], dtype=np.int64)
+    keras.keys_at(data, spans)
+    assert spans[:3].tolist() == [1, 0, 0]
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"default_id": 0, "vocabulary_start": 1, "empty_is_padding": False}, {"oov_buckets": 5, "oov_start": 40},
+    {"oov_buckets": 3, "empty_is_padding": False}, {"vocabulary": ("", None, "w1", "w2"), "default_id": 1,
+                                                    "empty_is_padding": False},
+])
+def test_vocabularies_looked_up_by_hash_and_by_bytes_agree(options):
+    """The native path (XXH64 + sorted search) and the by-bytes one (kept for vocabularies
+    whose words share an XXH64) give the same ids, for arrays and for the parser's spans."""
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(30)] + ["北京", ""]
+    values = np.array([words[rng.integers(len(words))] if rng.random() < 0.7 else f"other{rng.integers(1000)}"
+                       for _ in range(400)], dtype=object)
+    fast = StringKeys(**{"vocabulary": tuple(f"w{i}" for i in range(30)) + ("北京",), **options})
+    slow = StringKeys(**{"vocabulary": tuple(f"w{i}" for i in range(30)) + ("北京",), **options})
+    slow._sorted.clear()  # as when two words share an XXH64
+    assert fast._sorted and fast.keys(values).tolist() == slow.keys(values).tolist()
+    encoded = [v.encode() for v in values]
+    data = b"".join(encoded)
+    starts = np.cumsum([0] + [len(b) for b in encoded[:-1]])
+    spans = np.column_stack([starts, [len(b) for b in encoded]]).astype(np.int64).reshape(-1)
+    fast_spans, slow_spans = spans.copy(), spans.copy()
+    fast.keys_at(data, fast_spans)
+    slow.keys_at(data, slow_spans)
+    assert fast_spans[:400].tolist() == slow_spans[:400].tolist() == fast.keys(values).tolist()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from model_requests import requests, vocab_requests
+from model_requests import CITY_FILE_WORDS, COLORS, requests, vocab_oov_requests, vocab_requests
 from tf_helpers import run_tf, tf_predict
 
 from recserve import Processor
@@ -51,6 +51,15 @@ def _worst(processor: Processor, batches: list[dict[str, np.ndarray]], want: lis
     return worst
 
 
+def _assert_served_natively(processor: Processor, batches: list[dict[str, np.ndarray]]) -> None:
+    """After `_worst`: every request but the first of each layout (names, dtypes, shapes) was
+    answered by the native route -- hashed strings and vocabularies are keyed in C."""
+    layouts = {tuple((k, v.dtype.str, v.shape) for k, v in b.items()) for b in batches}
+    native = processor.model_info()["native_route"]
+    assert native["served"] == len(batches) - len(layouts), native
+    assert native["fallbacks"]["route_miss"] == len(layouts), native
+
+
 def _config(tf_model: Path, **fields: object) -> dict[str, object]:
     return {"savedmodel_dir": str(tf_model / "savedmodel"), "model_store_type": "local", **fields}
 
@@ -65,6 +74,7 @@ def test_savedmodel_serves_within_1e5_of_tensorflow(tf_model, tmp_path):
     processor = Processor(_config(tf_model))
     try:
         assert _worst(processor, batches, want) <= TOLERANCE
+        _assert_served_natively(processor, batches)
         # By tensor name, with an output filter by tensor name, as DeepRec's processor accepts.
         named = {f"{k}:0": v for k, v in batches[0].items()}
         status, body = processor.process(encode_request(named, output_filter=["prob:0"]))
@@ -275,7 +285,8 @@ def test_vocabulary_list_columns_are_converted(tmp_path):
     """categorical_column_with_vocabulary_list (HashTableV2 + LookupTableFindV2): a string's id
     is its index; unknown strings are dropped like '' (TF prunes their -1), so a mean over
     [known, unknown] is the known row alone. Beside them, a plain tf.nn.embedding_lookup
-    whose [batch, 2, dim] rows the dense graph sums itself (cut right after the gather)."""
+    whose [batch, 2, dim] rows the graph sums over the slots: the engine pools that sum
+    itself (combiner sum, cut after the reduce_sum)."""
     savedmodel = tmp_path / "vocab"
     run_tf("vocab", str(savedmodel))
     batches = vocab_requests(100, 1, 61) + vocab_requests(60, 8, 62)
@@ -284,7 +295,51 @@ def test_vocabulary_list_columns_are_converted(tmp_path):
     try:
         bindings = {b.input: b for b in processor._model.spec.embeddings}
         assert {k: len(b.vocabulary) for k, b in bindings.items()} == {"color": 4, "words": 50, "slot": 0}
-        assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "none")
+        assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "sum")
         assert _worst(processor, batches, want) <= TOLERANCE
+    finally:
+        processor.close()
+
+
+def test_vocabulary_columns_with_oov_buckets_default_values_and_files_are_converted(tmp_path):
+    """categorical_column_with_vocabulary_list with num_oov_buckets (an unknown string's id is
+    len(vocabulary) + Fingerprint64 mod k) and with default_value (unknown strings get that
+    id and count in the mean; '' stays padding), and _with_vocabulary_file with
+    num_oov_buckets, its file read from the SavedModel's assets/ (the trainer's copy is gone)."""
+    savedmodel = tmp_path / "vocab_oov"
+    run_tf("vocab_oov", str(savedmodel))
+    assert not Path(f"{savedmodel}.cities.txt").exists() and (savedmodel / "assets" / "vocab_oov.cities.txt").is_file()
+    batches = vocab_oov_requests(120, 1, 81) + vocab_oov_requests(60, 8, 82) + vocab_oov_requests(20, 64, 83)
+    want = tf_predict(savedmodel, batches, tmp_path)
+    processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local"})
+    try:
+        bindings = {b.input: b for b in processor._model.spec.embeddings}
+        color, words, city = bindings["color"], bindings["words"], bindings["city"]
+        assert (list(color.vocabulary), color.oov_buckets, color.oov_start) == (COLORS, 3, len(COLORS))
+        assert (len(words.vocabulary), words.default_id, words.oov_buckets) == (50, 7, 0)
+        assert (list(city.vocabulary), city.oov_buckets, city.oov_start) == (CITY_FILE_WORDS, 2, 5)
+        assert all(b.empty_is_padding for b in bindings.values())  # feature columns drop ''
+        assert _worst(processor, batches, want) <= TOLERANCE
+    finally:
+        processor.close()
+
+
+def test_shared_embedding_columns_read_one_table_from_two_inputs(tmp_path):
+    """shared_embedding_columns: two lookups (two inputs, -1 padded, mean) of one variable
+    become two bindings of one engine table."""
+    savedmodel = tmp_path / "shared"
+    run_tf("shared", str(savedmodel))
+    rng = np.random.default_rng(91)
+    batches = [{"clicked": rng.integers(-1, 100, (n, 3)).astype(np.int64),
+                "bought": rng.integers(-1, 100, (n, 3)).astype(np.int64),
+                "x": rng.normal(0, 1, n).astype(np.float32)} for n in [1] * 120 + [8] * 60 + [64] * 20]
+    want = tf_predict(savedmodel, batches, tmp_path)
+    processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local"})
+    try:
+        tables = {b.input: b.table for b in processor._model.spec.embeddings}
+        assert tables == dict.fromkeys(["clicked", "bought"], "input_layer/bought_clicked_shared_embedding/embedding_weights")
+        assert list(processor._manager.current.tables) == [tables["clicked"]]
+        assert _worst(processor, batches, want) <= TOLERANCE
+        _assert_served_natively(processor, batches)
     finally:
         processor.close()

@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
-from model_requests import requests
-from tf_helpers import tf_predict
+from model_requests import keras_requests, requests
+from tf_helpers import run_tf, tf_predict
 
 from recserve.convert import converted_model_dir
 from recserve.proto import eas_service_pb2_grpc, predict_pb2
@@ -76,3 +76,28 @@ def test_recserve_serve_answers_eas_grpc_and_tfserving_like_tensorflow(tf_model,
     while worst(answers(), second) > TOLERANCE:
         assert time.monotonic() < deadline, "version 2 not served within 30 s"
         time.sleep(0.5)
+
+
+def test_recserve_serve_answers_a_keras_savedmodel_like_tensorflow(tmp_path, launch):
+    """A Keras 3 `model.export` SavedModel in savedmodel_dir (no checkpoint_dir): TF Serving
+    REST in the row (`instances`) and column (`inputs`) forms and EAS protobuf, each within
+    1e-5 of TensorFlow running the same SavedModel."""
+    savedmodel = tmp_path / "keras"
+    run_tf("write", str(savedmodel), "export", script="keras_model.py")
+    converted_model_dir(str(savedmodel))  # convert before the server's 60 s readiness wait
+    server = launch({"model_store_type": "local", "savedmodel_dir": str(savedmodel)})
+    batches = keras_requests(6, 3, 52)
+    want = tf_predict(savedmodel, batches, tmp_path, tf2=True)
+    for batch, expected in zip(batches, want):
+        eas = httpx.post(f"{server.url}/api/predict/default", content=encode_request(batch), timeout=30)
+        assert eas.status_code == 200, eas.text
+        columns = _rest_inputs(batch)
+        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(batch["item"]))]
+        by_rows = httpx.post(f"{server.url}/v1/models/default:predict", json={"instances": rows}, timeout=30)
+        assert by_rows.status_code == 200, by_rows.text
+        by_columns = httpx.post(f"{server.url}/v1/models/default:predict", json={"inputs": columns}, timeout=30)
+        assert by_columns.status_code == 200, by_columns.text
+        for got in (decode_response(eas.content)["output_0"], np.array(by_rows.json()["predictions"], np.float32),
+                    np.array(by_columns.json()["outputs"], np.float32)):
+            assert got.shape == expected.shape
+            assert float(np.abs(got - expected).max()) <= TOLERANCE

@@ -9,6 +9,9 @@ protobuf must not share a process with the tests' other protobuf users).
         TensorFlow's own session.run on the SavedModel (its variables, or a checkpoint's,
         plus incremental rows written into the variables), one batch per request
     python tf_model.py vocab OUT     a SavedModel with vocabulary-list columns (write_vocab)
+    python tf_model.py vocab_oov OUT   vocabulary lists and files with num_oov_buckets and
+        default_value (write_vocab_oov)
+    python tf_model.py shared OUT    two inputs sharing one table (write_shared)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT [unservable]   the SavedModel with its `city` table
         rewritten into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
@@ -125,7 +128,8 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
                 sess.run(tf1.scatter_update(var, d["keys"], d["values"]))
         sig = meta.signature_def["serving_default"]
         feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
-        fetch = graph.get_tensor_by_name(sig.outputs["prob"].name)
+        output = "prob" if "prob" in sig.outputs else min(sig.outputs)  # Keras's export: output_0
+        fetch = graph.get_tensor_by_name(sig.outputs[output].name)
         with np.load(requests_npz, allow_pickle=True) as data:
             n = int(data["n"])
             results = {}
@@ -133,6 +137,21 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
                 feed = {feeds[k]: _tf_value(data[f"{i}/{k}"]) for k in feeds}
                 results[str(i)] = sess.run(fetch, feed)
         np.savez(out_npz, **results)
+
+
+def _save_small(out: str, inputs: dict[str, tf.Tensor], x: tf.Tensor) -> None:
+    """One hand-written dense layer over `x` -> `prob`, saved by SavedModelBuilder with the
+    tables' initializer as main_op and the graph's asset files (vocabulary files)."""
+    kernel = tf1.get_variable("dense/kernel", [int(x.shape[1]), 1], initializer=tf1.glorot_uniform_initializer())
+    prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
+    with tf1.Session() as sess:
+        sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
+        builder = tf1.saved_model.Builder(out)
+        builder.add_meta_graph_and_variables(
+            sess, ["serve"], main_op=tf1.tables_initializer(),
+            assets_collection=tf1.get_collection(tf1.GraphKeys.ASSET_FILEPATHS),
+            signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
+        builder.save()
 
 
 def write_vocab(out: str) -> None:
@@ -157,15 +176,53 @@ def write_vocab(out: str) -> None:
             fc.numeric_column("x")])
         x = tf.concat([columns, tf.reduce_sum(tf.nn.embedding_lookup(slots, slot), axis=1)], axis=1)
         inputs["slot"] = slot
-        kernel = tf1.get_variable("dense/kernel", [14, 1], initializer=tf1.glorot_uniform_initializer())
-        prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
-        with tf1.Session() as sess:
-            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
-            builder = tf1.saved_model.Builder(out)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], main_op=tf1.tables_initializer(),
-                signature_def_map={"serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
-            builder.save()
+        _save_small(out, inputs, x)
+
+
+def write_vocab_oov(out: str) -> None:
+    """A SavedModel with vocabulary columns beyond plain lists: `color` (a list with
+    num_oov_buckets=3, dim 4), `words` (3 strings per sample, '' padded, a list with
+    default_value=7: unknown words become id 7 and count in the mean), `city` (a vocabulary
+    *file* with num_oov_buckets=2, dim 4; the file travels in the SavedModel's assets/ and is
+    deleted from where the trainer had it), numeric `x`; one dense layer; output `prob`."""
+    from model_requests import CITY_FILE_WORDS, COLORS, VOCAB
+
+    vocab_file = f"{out}.cities.txt"
+    with open(vocab_file, "w", encoding="utf-8") as f:
+        f.write("\n".join(CITY_FILE_WORDS) + "\n")
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(4)
+        inputs = {"color": tf1.placeholder(tf.string, [None], name="color"),
+                  "words": tf1.placeholder(tf.string, [None, 3], name="words"),
+                  "city": tf1.placeholder(tf.string, [None], name="city"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        columns = fc.input_layer(inputs, [
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("color", COLORS, num_oov_buckets=3), 4,
+                                initializer=normal),
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("words", VOCAB, default_value=7), 6,
+                                combiner="mean", initializer=normal),
+            fc.embedding_column(fc.categorical_column_with_vocabulary_file("city", vocab_file, num_oov_buckets=2), 4,
+                                initializer=normal),
+            fc.numeric_column("x")])
+        _save_small(out, inputs, columns)
+    os.remove(vocab_file)
+
+
+def write_shared(out: str) -> None:
+    """Shared embedding columns: `clicked` and `bought` (int64 [batch, 3], -1 padded, 100
+    ids) read one table (dim 4, mean) through two lookups; numeric `x`; output `prob`."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(6)
+        inputs = {"clicked": tf1.placeholder(tf.int64, [None, 3], name="clicked"),
+                  "bought": tf1.placeholder(tf.int64, [None, 3], name="bought"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        shared = fc.shared_embedding_columns([fc.categorical_column_with_identity("clicked", 100),
+                                              fc.categorical_column_with_identity("bought", 100)], 4,
+                                             initializer=tf1.random_normal_initializer(stddev=1.0))
+        _save_small(out, inputs, fc.input_layer(inputs, [*shared, fc.numeric_column("x")]))
 
 
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
@@ -288,6 +345,10 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif command == "vocab":
         write_vocab(sys.argv[2])
+    elif command == "shared":
+        write_shared(sys.argv[2])
+    elif command == "vocab_oov":
+        write_vocab_oov(sys.argv[2])
     elif command == "hash":  # IN.npz (strings, buckets) -> OUT.npz: tf.strings.to_hash_bucket_fast per bucket count
         with np.load(sys.argv[2], allow_pickle=True) as job:
             words, counts = list(job["strings"]), [int(b) for b in job["buckets"]]

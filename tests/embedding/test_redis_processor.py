@@ -240,6 +240,47 @@ def test_a_replica_ahead_of_the_importer_writes_its_deltas_again(demo: DemoModel
         ahead.close()
 
 
+def test_a_replica_level_with_the_importer_writes_no_delta_again(demo: DemoModel, redis_server: Any) -> None:
+    """Redis comes back empty; one replica re-imports the version with both its deltas while
+    the other, level with it, finds the import done before the importer has marked delta 2
+    written (its marker is deleted here to hold that moment): it must not write
+    delta 2 again over rows delta 3 changed after it (the import's ready key lists them)."""
+    from recserve.export import write_delta
+
+    tables = demo_tables()
+    user = tables["user"]
+    write_delta(demo.version_dir, {"user": (user.keys[:1000], np.full((1000, user.dim), 0.25, np.float32))},
+                global_step=2)
+    write_delta(demo.version_dir, {"user": (user.keys, np.full((len(user.keys), user.dim), -0.5, np.float32))},
+                global_step=3)
+    replicas = _small_cache_replicas(demo, redis_server)
+    importer, other = replicas
+    try:
+        eventually(lambda: all(p.model_info()["delta_step"] == 3 for p in replicas), "every processor at delta 3")
+        inputs = demo.sample_inputs(64, np.random.default_rng(38))
+        reference = Reference(demo.model_dir, demo.version_dir)
+        follower = other._manager.current.redis.follower  # type: ignore[union-attr]
+        imported = threading.Event()
+        own_reimport = follower._reimport
+
+        def after_the_other() -> None:
+            assert imported.wait(30), "the importer never imported"
+            own_reimport()
+
+        follower._reimport = after_the_other  # type: ignore[method-assign]
+        redis_server.kill()
+        redis_server.start()
+        eventually(lambda: _works(importer, inputs), "the importer imported the version again")
+        # The moment the importer has marked delta 3 written but not yet delta 2.
+        assert redis_server.client().delete(KeySpace("default").delta("1", 2)) == 1
+        imported.set()
+        eventually(lambda: _works(other, inputs), "the other replica serving again")
+        assert_answers_like_reference(replicas, reference, inputs)
+    finally:
+        for p in replicas:
+            p.close()
+
+
 def test_a_lost_version_whose_files_are_gone_gives_way_to_the_newest_readable(
     demo: DemoModel, redis_server: Any, tmp_path: Path
 ) -> None:

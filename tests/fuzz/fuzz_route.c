@@ -3,7 +3,8 @@
  * Input: byte 0 seeds the route's choices; the rest is a PredictRequest. When the codec
  * accepts the request, the harness compiles a route for its layout the way
  * recserve.processor.native_route does (id inputs of rank 1-2 looked up in a table with a
- * combiner the seed picks, string ids hashed in place first, float and integer inputs fed as
+ * combiner the seed picks, string ids keyed in place first (XXH64, hash buckets or the
+ * servable's vocabulary, as the seed picks), float and integer inputs fed as
  * dense inputs of a type the seed picks), registers it with a servable and serves the same
  * bytes through rs_route_process, with a dense runner written here (one float32 output per
  * input: the sum of its values; an int64 output of the input count; a bool one). Checks:
@@ -11,6 +12,8 @@
  *     bytes when served again (the route consumes nothing it does not own);
  *   - a registered layout's response parses as a PredictResponse's framing: one entry per
  *     output, each (name, ArrayProto) in bounds;
+ *   - a layout the harness cannot describe is refused (rs_servable_refuse_layout) and falls
+ *     back as RS_FALLBACK_NOT_NATIVE;
  *   - a request of any other layout falls back (0) and allocates nothing;
  *   - every 64 inputs the servable is swapped for a new one (publish, drain, free).
  */
@@ -29,6 +32,7 @@
 static rs_table* tables[2];
 static rs_route_slot* slot;
 static rs_servable* current;
+static int64_t current_vocabulary; /* its handle in `current` */
 static int served_inputs;
 
 /* ---- the dense runner: deterministic outputs from the inputs, no model ---------------- */
@@ -99,8 +103,18 @@ static void setup(void) {
     CHECK(slot);
 }
 
+/* A vocabulary per servable (freed with it): short words, one listed twice, '' (padding
+ * whatever it is given), bytes that are not UTF-8 -- keys 0..7, some of them table keys. */
+static int64_t add_vocabulary(rs_servable* s) {
+    static const uint8_t words[] = "abc" "\xe5\x8c\x97" "\xff\xfe" "abc" "zz";
+    static const int64_t lengths[] = {1, 2, 3, 2, 0, 1, 2}, indices[] = {0, 1, 2, 3, 4, 7, 100};
+    int64_t handle = rs_servable_add_vocabulary(s, words, lengths, indices, 7);
+    CHECK(handle != 0);
+    return handle;
+}
+
 static rs_servable* fresh(void) {
-    rs_servable* s = rs_servable_create(++served_inputs, run, NULL, rs_lookup_at, rs_xxh64_spans);
+    rs_servable* s = rs_servable_create(++served_inputs, run, NULL, rs_lookup_at, rs_xxh64_spans, rs_bucket_spans);
     CHECK(s);
     return s;
 }
@@ -175,7 +189,7 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
             return -1;
     }
     CHECK(p == end);
-    put(d, 1);
+    put(d, 2); /* the description's format (ROUTE_FORMAT) */
     put(d, count && in[0].ndims ? in[0].dims[0] : 1);
     int64_t strings = 0;
     for (uint64_t i = 0; i < count; i++)
@@ -185,6 +199,9 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
         if (in[i].out == RS_CODEC_OUT_STRING && in[i].bound) {
             put(d, (int64_t)in[i].slot);
             put(d, (int64_t)(in[i].slot + 2 * in[i].values));
+            int key = (seed + (int)i) % 3; /* KEY_XXH64, KEY_BUCKETS, KEY_VOCABULARY in route.c */
+            put(d, key);
+            put(d, key == 0 ? 0 : key == 1 ? 1 + seed * 37 : current_vocabulary);
         }
     int64_t tasks = 0, arena = 0;
     for (uint64_t i = 0; i < count; i++)
@@ -271,6 +288,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     memcpy(request, data + 1, (size_t)n);
     if (!current || served_inputs % 64 == 0) {
         rs_servable* next = fresh();
+        current_vocabulary = add_vocabulary(next);
         rs_slot_publish(slot, next, RS_FALLBACK_NO_SERVABLE);
         if (current) {
             CHECK(rs_servable_drain(current, 1000) == 0);
@@ -285,11 +303,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int64_t layout = rs_decode_request(request, n, values, n + 1, scratch, 32 * n + 64);
     uint8_t* out = NULL;
     int64_t out_size = -1, info[RS_INFO_SIZE];
-    int registered = 0;
+    int registered = 0, refused = 0;
     if (layout > 0) {
         static description d;
         memset(&d, 0, sizeof d);
-        if (describe((const uint8_t*)scratch, layout, seed, &d) == 0) {
+        if (describe((const uint8_t*)scratch, layout, seed, &d) != 0) {
+            int added = rs_servable_refuse_layout(current, (const uint8_t*)scratch, layout);
+            CHECK(added >= 0);
+            refused = added == 0; /* (1: a route or a refusal of this layout was there first, or the table is full) */
+        } else {
             int added = rs_servable_add_route(current, (const uint8_t*)scratch, layout, d.ints, d.n, d.names, d.names_size);
             CHECK(added >= 0);
             registered = added == 0 || added == 1;
@@ -300,6 +322,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int status = rs_route_process(slot, request, n, &out, &out_size, info);
     if (registered)
         CHECK(status == 200); /* this layout's route (or an earlier one for the same layout) serves it */
+    if (refused)
+        CHECK(status == 0 && info[RS_INFO_REASON] == RS_FALLBACK_NOT_NATIVE);
     if (status == 200) {
         CHECK(out && out_size >= 0);
         CHECK(entries(out, out_size) >= 1);

@@ -46,7 +46,7 @@ def test_soak_with_redis_killed_answers_right_and_recovers() -> None:
     _show(report)
     assert report["faults"] >= 8, report  # the turn reached the restart
     assert (report["wrong"], report["unattributed"]) == (0, 0), report["wrong_by"]
-    assert report["failed_outside_outages"] == 0, report
+    assert report["failed_outside_outages"] == 0, report["failed_outside_outages_by"]
     assert report["redis_recovery_seconds_max"] is not None and report["redis_recovery_seconds_max"] < 10, report
     assert report["worker_exits"] == report["workers_killed"], report
 
