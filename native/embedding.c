@@ -282,6 +282,18 @@ int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t s
     return RS_OK;
 }
 
+int rs_table_set_default_rows(rs_table* t, const float* rows, int64_t count) {
+    if (count < 1 || t->default_rows != NULL) return RS_EINVAL;
+    size_t bytes = (size_t)count * (size_t)t->dim * sizeof(float);
+    float* copy = rs_mem_alloc(bytes, 64);
+    if (!copy) return RS_ENOMEM;
+    memcpy(copy, rows, bytes);
+    t->default_rows = copy;
+    t->default_count = count;
+    t->default_kind = RS_DEFAULT_ROWS;
+    return RS_OK;
+}
+
 void rs_table_free(rs_table* t) {
     if (!t) return;
     live_remove(t);
@@ -297,6 +309,7 @@ void rs_table_free(rs_table* t) {
     rs_mem_free(t->retired_segments.items);
     rs_mem_free(t->waiting_segments.items);
     storage_free(&t->storage);
+    rs_mem_free((void*)t->default_rows);
     rs_mem_free(t);
 }
 
@@ -402,10 +415,19 @@ static inline void prefetch_row(const float* row, size_t bytes) {
     __builtin_prefetch(p + bytes - 1);
 }
 
+/* Row key mod default_count of an RS_DEFAULT_ROWS table's matrix (floor modulo). */
+static inline const float* matrix_row(const rs_table* t, int64_t key) {
+    int64_t r = key % t->default_count;
+    if (r < 0) r += t->default_count;
+    return t->default_rows + r * t->dim;
+}
+
 static inline void emit_row(const rs_table* t, int64_t key, const float* row, float* dst) {
     const int64_t dim = t->dim;
     if (row == NULL || (row == MISSING_ROW && t->default_kind == RS_DEFAULT_ZEROS)) {
         memset(dst, 0, (size_t)dim * sizeof(float));
+    } else if (row == MISSING_ROW && t->default_kind == RS_DEFAULT_ROWS) {
+        memcpy(dst, matrix_row(t, key), (size_t)dim * sizeof(float));
     } else if (row == MISSING_ROW) {
         rs_default_vector(t->stddev, t->seed, key, dim, dst);
     } else if (dim == 16) {
@@ -419,7 +441,9 @@ static inline void emit_row(const rs_table* t, int64_t key, const float* row, fl
 static inline void pool_row(const rs_table* t, int64_t key, const float* row, float* restrict acc,
                             float* scratch) {
     if (row == NULL || (row == MISSING_ROW && t->default_kind == RS_DEFAULT_ZEROS)) return;
-    if (row == MISSING_ROW) {
+    if (row == MISSING_ROW && t->default_kind == RS_DEFAULT_ROWS) {
+        row = matrix_row(t, key);
+    } else if (row == MISSING_ROW) {
         rs_default_vector(t->stddev, t->seed, key, t->dim, scratch);
         row = scratch;
     }

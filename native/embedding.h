@@ -56,7 +56,9 @@ enum { RS_POLICY_LFU = 0, RS_POLICY_LRU = 1 };
 enum { RS_IO_MMAP = 0, RS_IO_PREAD = 1 };
 
 enum { RS_COMBINER_NONE = 0, RS_COMBINER_SUM = 1, RS_COMBINER_MEAN = 2, RS_COMBINER_SQRTN = 3 };
-enum { RS_DEFAULT_ZEROS = 0, RS_DEFAULT_NORMAL = 1 };
+/* What an unknown key gets: zeros; N(0, stddev) from (seed, key) (embedding_keys.c); or row
+ * key mod count of a matrix (rs_table_set_default_rows: DeepRec's Embedding Variable). */
+enum { RS_DEFAULT_ZEROS = 0, RS_DEFAULT_NORMAL = 1, RS_DEFAULT_ROWS = 2 };
 
 typedef struct rs_table rs_table;
 
@@ -77,6 +79,12 @@ typedef struct {
 RS_API int rs_table_create(int64_t dim, int32_t default_kind, double stddev, uint64_t seed,
                            const int64_t* keys, float* values, int64_t n,
                            rs_table** out, int64_t* bad_key);
+/* Unknown key k gets row k mod count of rows[count, dim] (floor modulo: a negative k gets
+ * row count - (-k mod count), never one out of range), copied into memory the table owns
+ * (the shared arena once reserved: worker processes read it too); count >= 1. Call it
+ * right after rs_table_create / rs_tiered_create, before any reader sees the table.
+ * RS_EINVAL: count < 1 or the table already has rows as its default; RS_ENOMEM. */
+RS_API int rs_table_set_default_rows(rs_table* t, const float* rows, int64_t count);
 /* Frees the table; a tiered one stops its eviction work and deletes its record files. */
 RS_API void rs_table_free(rs_table* t);
 

@@ -208,6 +208,8 @@ struct rs_table {
     int32_t default_kind;
     double stddev;
     uint64_t seed;
+    const float* default_rows; /* RS_DEFAULT_ROWS: [default_count, dim], owned (rs_mem_alloc) */
+    int64_t default_count;
     _Atomic int64_t live;
     rs_tier* tier; /* NULL for a DRAM-only table */
 

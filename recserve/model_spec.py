@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, Literal
+
+import numpy as np
 
 from recserve.errors import ModelLoadError
 
@@ -31,16 +34,26 @@ Combiner = Literal["none", "sum", "mean", "sqrtn"]
 
 @dataclass(frozen=True)
 class DefaultSpec:
-    """The vector an unknown key gets: zeros, or N(0, stddev) drawn deterministically
-    from (seed, key) so every replica and every call returns the same vector."""
+    """The vector an unknown key gets: zeros; N(0, stddev) drawn deterministically from
+    (seed, key) so every replica and every call returns the same vector; or row key mod k of
+    a float32 [k, dim] matrix (DeepRec's Embedding Variable default_value), stored in the
+    model dir as the .npy file `rows_file` names.
 
-    kind: Literal["zeros", "normal"] = "zeros"
+    `matrix` holds that file's contents once the model dir is read
+    (recserve.model_store.default_rows); it takes no part in comparisons: two specs naming
+    the same file are the same default."""
+
+    kind: Literal["zeros", "normal", "rows"] = "zeros"
     stddev: float = 0.0
     seed: int = 0
+    rows_file: str = ""
+    matrix: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> Any:
         if self.kind == "zeros":
             return "zeros"
+        if self.kind == "rows":
+            return {"rows": self.rows_file}
         return {"normal": self.stddev, "seed": self.seed}
 
     @classmethod
@@ -51,10 +64,19 @@ class DefaultSpec:
             stddev, seed = value["normal"], value.get("seed", 0)
             if isinstance(stddev, (int, float)) and stddev >= 0 and isinstance(seed, int):
                 return cls(kind="normal", stddev=float(stddev), seed=seed)
+        if isinstance(value, dict) and set(value) == {"rows"} and _relative_path(value["rows"]):
+            return cls(kind="rows", rows_file=value["rows"])
         raise ModelLoadError(
-            f"{where}: 'default' is {value!r}; valid values are \"zeros\" or "
-            '{"normal": <stddev >= 0>, "seed": <int>}'
+            f"{where}: 'default' is {value!r}; valid values are \"zeros\", "
+            '{"normal": <stddev >= 0>, "seed": <int>} or {"rows": "<.npy file of float32 [k, dim], a path '
+            'relative to the model dir>"}'
         )
+
+
+def _relative_path(path: Any) -> bool:
+    """A path inside the model dir: relative, without '..' (a model dir is self-contained)."""
+    return isinstance(path, str) and bool(path) and not PurePosixPath(path).is_absolute() and \
+        "\\" not in path and ".." not in PurePosixPath(path).parts
 
 
 @dataclass(frozen=True)

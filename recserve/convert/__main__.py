@@ -45,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for warning in conversion.warnings:
         print(f"warning: {warning}")
+    defaults = {b.table: b.default for b in conversion.spec.embeddings}
     for lookup in conversion.lookups:
-        print(f"lookup {lookup.input!r} -> table {lookup.table!r} (dim {lookup.dim}, {lookup.combiner})")
+        default = defaults[lookup.table]
+        missing = (f"; missing ids: row id mod {len(default.matrix)} of {default.rows_file}"
+                   if default.matrix is not None else "")
+        print(f"lookup {lookup.input!r} -> table {lookup.table!r} (dim {lookup.dim}, {lookup.combiner}{missing})")
     print(f"wrote {args.out_dir}")
     return 0
 

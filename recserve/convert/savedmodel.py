@@ -3,8 +3,10 @@
 never in a serving process.
 
 The output is an ordinary model dir: `model.onnx` (the dense rest), `model.json` (one
-binding per lookup, the table named after its variable; the signature), and `variables/`
-(the SavedModel's own bundle: the values served when there is no checkpoint_dir).
+binding per lookup, the table named after its variable; the signature), `variables/`
+(the SavedModel's own bundle: the values served when there is no checkpoint_dir), and
+`defaults/<table>.npy` for each Embedding Variable whose missing ids get a non-zero row
+(ev_defaults.py).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from recserve.convert.dense_export import dense_graph, lookup_input, output_name, to_onnx
+from recserve.convert.ev_defaults import ev_defaults
 from recserve.convert.function_inline import inline_functions
 from recserve.convert.restore_keys import object_graph_keys, restore_keys
 from recserve.convert.savedmodel_graph import Lookup, ServingGraph, find_lookups, node_name
 from recserve.errors import ModelLoadError
-from recserve.model_spec import EmbeddingBinding, ModelSpec, SignatureSpec
+from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec, SignatureSpec
 
 __all__ = ["SAVED_MODEL_FILE", "SERVE_TAG", "Conversion", "convert_savedmodel", "read_signature"]
 
@@ -37,28 +40,6 @@ class Conversion:
     signature: str
     warnings: tuple[str, ...] = ()
 
-
-def _ev_default_warnings(graph: ServingGraph, lookups: list[Lookup]) -> list[str]:
-    """DeepRec's EV answers a missing id with row `id % default_value_dim` of its gather's
-    default_value; recserve's tables answer zeros. Said aloud unless that matrix is zeros."""
-    from tensorflow.python.framework import tensor_util
-
-    out = []
-    for lookup in lookups:
-        if not lookup.embedding_variable:
-            continue
-        gathers = [n for n in graph.nodes.values() if n.op.startswith("KvResourceGather") and len(n.input) > 2
-                   and graph.variable_of(n.input[0]) is not None
-                   and graph.variable_of(n.input[0]).name in lookup.parts]
-        for gather in gathers:
-            default = graph.nodes.get(node_name(gather.input[2]))
-            if default is not None and default.op == "Const" and \
-                    not tensor_util.MakeNdarray(default.attr["value"].tensor).any():
-                continue
-            out.append(f"Embedding Variable {lookup.table!r}: DeepRec answers a missing id with a row of its "
-                       f"initializer ({gather.input[2]!r}, row id % default_value_dim); recserve answers zeros")
-            break
-    return out
 
 def read_signature(savedmodel_dir: str, signature_name: str | None) -> tuple[Any, str, Any]:
     """(the `serve` MetaGraphDef, the signature's name, its SignatureDef)."""
@@ -130,10 +111,12 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
                              "lookup only")
     model = to_onnx(dense, lookups, dense_inputs,
                     {graph_outputs[key]: output_name(t) for key, t in outputs.items()}, holds)
+    defaults, default_warnings = ev_defaults(graph, graph_def, lookups)
     spec = ModelSpec(
         embeddings=tuple(EmbeddingBinding(
             input=lk.input, table=lk.table, dim=lk.dim, graph_input=lookup_input(lk), combiner=lk.combiner,
-            key_dtype=lk.key_dtype, **lk.ids_options)  # type: ignore[arg-type]
+            key_dtype=lk.key_dtype, default=defaults.get(lk.table, DefaultSpec()),
+            **lk.ids_options)  # type: ignore[arg-type]
             for lk in lookups),
         signatures={name: SignatureSpec(
             inputs={key: node_name(t) for key, t in inputs.items() if node_name(t) in bound or t in dense_inputs},
@@ -145,4 +128,4 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     source = Path(savedmodel_dir, "variables")
     if source.is_dir():
         shutil.copytree(source, Path(out_dir, "variables"))
-    return Conversion(spec, tuple(lookups), name, tuple(warnings + _ev_default_warnings(graph, lookups)))
+    return Conversion(spec, tuple(lookups), name, tuple(warnings + default_warnings))

@@ -58,6 +58,11 @@ two's-complement bits)::
 Both implementations call the C library's log/sin/cos, so rows are bit-identical between
 them and across calls and replicas; a trainer on another libm may differ in the last bit
 of a double, which practically never survives the rounding to float32.
+
+Default rows, ``DefaultSpec("rows", rows_file=..., matrix=M)`` (M float32 [k, dim], read from
+the model dir by recserve.model_store.default_rows): unknown key k gets ``M[k mod k']`` with
+floor modulo, Python's ``%`` (key -5, k' = 4: row 3), DeepRec's Embedding Variable's default.
+The native table copies M into memory it owns (the shared arena when reserved).
 """
 
 from __future__ import annotations

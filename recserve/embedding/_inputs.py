@@ -126,10 +126,24 @@ def check_out(table: str, out: Any, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def check_default(where: str, default: Any) -> DefaultSpec:
-    if not isinstance(default, DefaultSpec) or default.kind not in ("zeros", "normal"):
-        raise ValueError(f"{where}: default must be a DefaultSpec of kind 'zeros' or 'normal'")
+def check_default(where: str, default: Any, dim: int) -> DefaultSpec:
+    """A DefaultSpec the engine can serve; a "rows" one must carry its matrix (read from the
+    model dir by recserve.model_store.default_rows) as C-contiguous float32 [k >= 1, dim]."""
+    if not isinstance(default, DefaultSpec) or default.kind not in ("zeros", "normal", "rows"):
+        raise ValueError(f"{where}: default must be a DefaultSpec of kind 'zeros', 'normal' or 'rows'")
+    if default.kind == "rows":
+        matrix = default.matrix
+        if not (isinstance(matrix, np.ndarray) and matrix.dtype == np.float32 and matrix.ndim == 2
+                and matrix.shape[0] >= 1 and matrix.shape[1] == dim and matrix.flags.c_contiguous):
+            raise ValueError(f"{where}: a 'rows' default needs its matrix as a C-contiguous float32 array of "
+                             f"shape [k >= 1, {dim}], got {_describe(matrix)}")
     return default
+
+
+def matrix_rows(matrix: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """[len(keys), dim]: row key mod k of the "rows" default's matrix (floor modulo, so a
+    negative key gets a row too; DeepRec reads out of bounds there)."""
+    return matrix[np.mod(keys, len(matrix))]
 
 
 def seed_u64(spec: DefaultSpec) -> int:

@@ -28,6 +28,8 @@ _TIER_STATS = (
     "dram_capacity", "dram_rows", "dram_bytes", "index_bytes", "ssd_segments", "ssd_records",
     "ssd_live_records", "ssd_bytes", "hits", "misses", "promotions", "evictions", "compactions",
 )
+# RS_DEFAULT_* a table is created with; a "rows" one then gets its matrix (rs_table_set_default_rows).
+_CREATE_KINDS = {"zeros": 0, "normal": 1, "rows": 0}
 _TASK_FIELDS = 6  # rs_lookup_task: table, ids, out, rows, width, combiner (8 bytes each)
 
 _p = ctypes.c_void_p
@@ -87,6 +89,7 @@ def _load() -> ctypes.CDLL:
         "rs_tier_stats": (ctypes.c_int, [_p, _p]),
         "rs_tier_maintain": (ctypes.c_int, [_p]),
         "rs_tier_compact": (ctypes.c_int, [_p]),
+        "rs_table_set_default_rows": (ctypes.c_int, [_p, _p, _i64]),
         "rs_table_free": (None, [_p]),
         "rs_table_size": (_i64, [_p]),
         "rs_table_storage_rows": (_i64, [_p]),
@@ -170,7 +173,7 @@ class EmbeddingTable:
         self._name = name
         where = f"table {name!r}"
         self._dim = _inputs.check_dim(where, dim)
-        self._default = _inputs.check_default(where, default)
+        self._default = _inputs.check_default(where, default, self._dim)
         self._storage = storage
         keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=storage is None)
         _inputs.check_column(where, "freqs", freqs, len(keys))
@@ -178,7 +181,7 @@ class EmbeddingTable:
         handle, detail = _p(), _i64()
         default_args = (
             self._dim,
-            int(self._default.kind == "normal"),
+            _CREATE_KINDS[self._default.kind],
             self._default.stddev,
             _inputs.seed_u64(self._default),
             _address(keys),
@@ -195,6 +198,10 @@ class EmbeddingTable:
             raise _inputs.DuplicateKeyError(name, detail.value)
         _check(status, f"loading {where}")
         self._handle = handle.value
+        if self._default.matrix is not None:  # before any reader can see the table
+            matrix = self._default.matrix
+            _check(_LIB.rs_table_set_default_rows(self._handle, _address(matrix), len(matrix)),
+                   f"the default rows of {where}")
         self._writer: threading.Lock | None = threading.Lock()
 
     @classmethod
@@ -557,9 +564,11 @@ def string_keys_at(data: bytes, spans: np.ndarray, buckets: int = 0) -> None:
 
 
 def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:
-    spec = _inputs.check_default("default_vectors", spec)
     dim = _inputs.check_dim("default_vectors", dim)
+    spec = _inputs.check_default("default_vectors", spec, dim)
     keys = _inputs.check_keys("default_vectors", keys).reshape(-1)
+    if spec.matrix is not None:
+        return _inputs.matrix_rows(spec.matrix, keys)
     out = np.zeros((len(keys), dim), dtype=np.float32)
     if spec.kind == "normal":
         _LIB.rs_default_vectors(

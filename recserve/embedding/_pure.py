@@ -48,7 +48,7 @@ class EmbeddingTable:
         self._name = name
         where = f"table {name!r}"
         self._dim = _inputs.check_dim(where, dim)
-        self._default = _inputs.check_default(where, default)
+        self._default = _inputs.check_default(where, default, self._dim)
         self._storage = storage
         self._tier: TierStore | None = None
         keys, values = _inputs.check_rows(where, self._dim, keys, values, adopt=storage is None)
@@ -129,7 +129,7 @@ class EmbeddingTable:
 
     def _with_defaults(self, keys: np.ndarray, rows: np.ndarray, absent: np.ndarray) -> np.ndarray:
         unknown = absent & (keys != _inputs.PADDING)
-        if self._default.kind == "normal" and unknown.any():
+        if self._default.kind != "zeros" and unknown.any():
             rows[unknown] = default_vectors(self._default, keys[unknown], self._dim)
         return rows
 
@@ -270,9 +270,11 @@ def string_keys_at(data: bytes, spans: np.ndarray, buckets: int = 0) -> None:
 
 
 def default_vectors(spec: DefaultSpec, keys: np.ndarray, dim: int) -> np.ndarray:
-    spec = _inputs.check_default("default_vectors", spec)
     dim = _inputs.check_dim("default_vectors", dim)
+    spec = _inputs.check_default("default_vectors", spec, dim)
     keys = _inputs.check_keys("default_vectors", keys).reshape(-1)
     if spec.kind == "zeros":
         return np.zeros((len(keys), dim), dtype=np.float32)
+    if spec.matrix is not None:
+        return _inputs.matrix_rows(spec.matrix, keys)
     return default_rows(spec.stddev, _inputs.seed_u64(spec), keys, dim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from recserve.errors import ModelLoadError
@@ -31,7 +32,8 @@ def write_model_dir(
 
     The spec must parse back as model.json does and fit the graph: every binding's
     `graph_input` is a graph input, every signature name a graph input/output or a
-    binding's input (else ModelLoadError). `out_dir` must not exist yet (StorageError)."""
+    binding's input (else ModelLoadError). `out_dir` must not exist yet (StorageError).
+    A `{"rows": file}` default is written as that .npy file from its DefaultSpec's matrix."""
     proto = _load(model)
     _check_spec(proto, spec)
     if spec_in_metadata:
@@ -48,6 +50,10 @@ def write_model_dir(
             onnx.save_model(proto, stage / MODEL_FILE)
         if not spec_in_metadata:
             (stage / SPEC_FILE).write_text(spec.dumps() + "\n", encoding="utf-8")
+        for b in spec.embeddings:
+            if b.default.kind == "rows":
+                (stage / b.default.rows_file).parent.mkdir(parents=True, exist_ok=True)
+                np.save(stage / b.default.rows_file, b.default.matrix, allow_pickle=False)
     return target
 
 
@@ -66,6 +72,12 @@ def _load(model: onnx.ModelProto | bytes | str | os.PathLike[str]) -> onnx.Model
 
 def _check_spec(model: onnx.ModelProto, spec: ModelSpec) -> None:
     parse_model_spec(spec.dumps(), source="spec")  # what a server reads back must parse
+    for b in spec.embeddings:
+        matrix = b.default.matrix
+        if b.default.kind == "rows" and not (isinstance(matrix, np.ndarray) and matrix.dtype == np.float32
+                                             and matrix.ndim == 2 and len(matrix) >= 1 and matrix.shape[1] == b.dim):
+            raise ModelLoadError(f"binding of {b.input!r}: its {{\"rows\": {b.default.rows_file!r}}} default needs its "
+                                 f"matrix (DefaultSpec.matrix), a float32 array of shape [k >= 1, {b.dim}]")
     initializers = {t.name for t in model.graph.initializer}
     graph_inputs = [i.name for i in model.graph.input if i.name not in initializers]
     graph_outputs = [o.name for o in model.graph.output]

@@ -18,7 +18,8 @@ it. Semantics implemented here:
 - padding (-1) gives a zero row; an unknown key gives the table default: zeros, or for
   `{"normal": ...}` the row the algorithm in recserve/embedding/__init__.py's docstring
   defines (splitmix64 streams, Box-Muller in double, rounded to float32), derived here
-  from that text alone, in numpy (`default_rows`);
+  from that text alone, in numpy (`default_rows`); for `{"rows": file}` row key mod k
+  (Python's floor modulo) of the [k, D] .npy file, read here with numpy;
 - ids [B] give [B, D]; ids [B, L] give [B, L, D] with combiner none, else are pooled over
   the non-padding ids: sum, mean (sum / count), sqrtn (sum / sqrt(count)); no ids -> zeros
   ([B] ids with a pooling combiner act like [B, 1]); float32 sums in id order, as the
@@ -72,6 +73,8 @@ class Reference:
             root = root / "model"
         model = onnx.load(str(root / "model.onnx"))
         self.spec = _read_spec(root, model)
+        self._default_rows = {b.default.rows_file: np.load(root / b.default.rows_file).astype(np.float32)
+                              for b in self.spec.embeddings if b.default.kind == "rows"}
         self.tables: dict[str, dict[int, np.ndarray]] = {}
         dense: dict[str, np.ndarray] = {}
         if checkpoint_dir is not None:
@@ -98,7 +101,8 @@ class Reference:
         by_name = {sig["inputs"].get(k, k.split(":")[0]): v for k, v in inputs.items()}
         feeds: dict[str, np.ndarray] = {}
         for b in self.spec.embeddings:
-            feeds[b.graph_input] = _lookup(b, by_name[b.input], self.tables.get(b.table, {}))
+            feeds[b.graph_input] = _lookup(b, by_name[b.input], self.tables.get(b.table, {}),
+                                           self._default_rows.get(b.default.rows_file))
         for name, elem_type in self._graph_inputs.items():
             if name not in feeds:
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
@@ -253,7 +257,8 @@ def _keys(binding: EmbeddingBinding, ids: Any) -> np.ndarray:
     return np.array(hashed, dtype=np.int64).reshape(arr.shape)
 
 
-def _lookup(binding: EmbeddingBinding, ids: Any, table: Mapping[int, np.ndarray]) -> np.ndarray:
+def _lookup(binding: EmbeddingBinding, ids: Any, table: Mapping[int, np.ndarray],
+            default_matrix: np.ndarray | None) -> np.ndarray:
     keys = _keys(binding, ids)
     flat = keys.reshape(-1)
     rows = np.zeros((flat.size, binding.dim), dtype=np.float32)
@@ -267,6 +272,9 @@ def _lookup(binding: EmbeddingBinding, ids: Any, table: Mapping[int, np.ndarray]
             unknown.append(i)
     if unknown and binding.default.kind == "normal":
         rows[unknown] = default_rows(binding.default.stddev, binding.default.seed, flat[unknown], binding.dim)
+    if unknown and default_matrix is not None:
+        for i in unknown:
+            rows[i] = default_matrix[int(flat[i]) % len(default_matrix)]
     rows = rows.reshape(*keys.shape, binding.dim)
     if binding.combiner == "none":
         return rows

@@ -17,6 +17,7 @@ import onnx
 from recserve.errors import ModelLoadError
 from recserve.model_spec import ModelSpec, parse_model_spec
 from recserve.model_store.checkpoint import Checkpoint
+from recserve.model_store.default_rows import load_default_rows
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT, Manifest
 from recserve.model_store.storage import LocalStorage, Storage, join
 from recserve.model_store.versions import VersionRef
@@ -76,6 +77,7 @@ def load_model_dir(storage: Storage, savedmodel_dir: str, signature_name: str | 
         spec = parse_model_spec(storage.read(spec_path), source=spec_path)
     else:
         spec = _spec_from_metadata(storage, onnx_path)
+    spec = load_default_rows(spec, storage, savedmodel_dir)
     bundle = join(savedmodel_dir, VARIABLES_PREFIX)
     local_bundle = storage.local_path(bundle) if storage.size(bundle + ".index") is not None else None
     return ModelDir(onnx_path=storage.local_path(onnx_path) or onnx_path, spec=spec, root=savedmodel_dir,

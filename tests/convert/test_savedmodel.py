@@ -217,10 +217,12 @@ def test_a_conversion_off_by_more_than_1e5_is_refused_naming_the_worst_input(tf_
 
 def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tmp_path):
     """DeepRec cannot be installed here: tf_model.rewrite_to_ev writes DeepRec's EV ops into the
-    GraphDef by hand (KvVarHandleOp + KvResourceGather with the attrs of DeepRec's op
-    registry; `city` an EV, `item` an EV partitioned in 2) and saves the EVs as DeepRec does
-    (-keys/-values, city's even ids only). TensorFlow cannot run that graph; the reference is
-    the original graph with the EV's missing ids' rows set to its default_value (zeros)."""
+    GraphDef by hand (KvVarHandleOp + InitializeKvVariableOp + KvResourceGather with the attrs
+    of DeepRec's op registry; `city` an EV, `item` an EV partitioned in 2) and saves the EVs as
+    DeepRec does (-keys/-values, city's even ids only). city's default matrix is a seeded
+    N(0, 1) initializer subgraph [4, 8]: an odd (never stored) id gets its row id % 4, as
+    DeepRec's gather answers. TensorFlow cannot run that graph; the reference is the original
+    graph with those ids' rows set to D[id % 4] (D as TensorFlow computes the initializer)."""
     ev_dir = tmp_path / "ev"
     run_tf("evgraph", str(tf_model / "savedmodel"), str(ev_dir))
     batches = requests(40, 8, 41)
@@ -229,10 +231,54 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
     try:
         tables = processor._manager.current.tables
         assert {name: t.dim for name, t in tables.items()} == {name: dim for name, (_, dim) in TABLES.items()}
-        assert len(tables["input_layer/city_embedding/embedding_weights"]) == 500  # the EV's even ids
+        city = tables["input_layer/city_embedding/embedding_weights"]
+        assert len(city) == 500  # the EV's even ids
+        defaults = {b.table: b.default for b in processor._model.spec.embeddings}
+        city_default = defaults["input_layer/city_embedding/embedding_weights"]
+        matrix = np.load(f"{ev_dir}.default.npy")
+        assert matrix.shape == (4, 8) and matrix.any()
+        assert city_default.kind == "rows"
+        np.testing.assert_array_equal(np.load(Path(processor._model.root, city_default.rows_file)), matrix)
+        assert defaults["item_scope/input_layer/item_embedding/embedding_weights"].kind == "zeros"  # a zeros matrix
+        odd = np.array([1, 3, 6, 7, 998, 999], dtype=np.int64)  # 6, 998: stored
+        want_rows = np.where((odd % 2 == 1)[:, None], matrix[odd % 4], 0)
+        got = city.lookup(odd)
+        np.testing.assert_array_equal(got[odd % 2 == 1], want_rows[odd % 2 == 1])
         assert _worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
+    from recserve.convert.cache import run_conversion
+
+    report = run_conversion(str(ev_dir), str(tmp_path / "out"))  # `recserve convert`'s own report
+    assert "warning: Embedding Variable" not in report
+    assert ("lookup 'city' -> table 'input_layer/city_embedding/embedding_weights' (dim 8, mean; missing ids: row "
+            "id mod 4 of defaults/input_layer_city_embedding_embedding_weights.npy)") in report.splitlines()
+
+
+def test_ev_defaults_recserve_cannot_reproduce_are_warned_about_and_stay_zeros(tf_model, tmp_path):
+    """city's default matrix needs a feed; item's gathers read their default by the id's
+    position in the batch (ev_init_value): the conversion keeps "zeros" and says why, per EV."""
+    from recserve.convert.cache import run_conversion
+
+    ev_dir = tmp_path / "ev"
+    run_tf("evgraph", str(tf_model / "savedmodel"), str(ev_dir), "unservable")
+    report = run_conversion(str(ev_dir), str(tmp_path / "out"))
+    warnings = sorted(line for line in report.splitlines() if line.startswith("warning: Embedding Variable"))
+    city, item = "input_layer/city_embedding/embedding_weights", "item_scope/input_layer/item_embedding/embedding_weights"
+    assert warnings == [
+        (f"warning: Embedding Variable '{city}': DeepRec answers an id it never stored with a default row; recserve "
+         f"answers zeros: its default matrix '{city}/ev_default/mul:0' cannot be computed without serving: it reads "
+         f"Placeholder '{city}/ev_default/scale'"),
+        (f"warning: Embedding Variable '{item}': DeepRec answers an id it never stored with a default row; recserve "
+         f"answers zeros: its gather 'item_scope/input_layer/item_embedding/item_embedding_weights/"
+         "embedding_lookup_sparse/embedding_lookup/Gather' reads default_value "
+         f"'{item}/part_0/gather_default_value' by the id's position in the batch (is_use_default_value_tensor, "
+         "ev_init_value), not by id"),
+    ]
+    spec = json.loads((tmp_path / "out" / "model.json").read_text())
+    assert {b["table"]: b["default"] for b in spec["embeddings"]}[city] == "zeros"
+    assert {b["table"]: b["default"] for b in spec["embeddings"]}[item] == "zeros"
+    assert not (tmp_path / "out" / "defaults").exists()
 
 
 def test_vocabulary_list_columns_are_converted(tmp_path):

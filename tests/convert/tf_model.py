@@ -13,8 +13,8 @@ protobuf must not share a process with the tests' other protobuf users).
         default_value (write_vocab_oov)
     python tf_model.py shared OUT    two inputs sharing one table (write_shared)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
-    python tf_model.py evgraph SAVEDMODEL OUT   the SavedModel with its `city` table rewritten
-        into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
+    python tf_model.py evgraph SAVEDMODEL OUT [unservable]   the SavedModel with its `city` table
+        rewritten into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
 
 The model: `city` string hashed into 1000 buckets (dim 8, mean), `item` int64 identity in
 5000 buckets partitioned in 2 (dim 16), `tags` multi-valued strings padded with '' pooled
@@ -230,13 +230,46 @@ EV_PARTITIONED = "item_scope/input_layer/item_embedding/embedding_weights"
 EV_DEFAULT_DIM = 4
 
 
-def _to_kv_ops(graph: object, variable: str, dim: int) -> None:
-    """`variable`'s VarHandleOp -> KvVarHandleOp and its ResourceGathers -> KvResourceGather
-    with a zeros default_value [EV_DEFAULT_DIM, dim]."""
-    default = graph.node.add()  # type: ignore[attr-defined]
-    default.name, default.op = f"{variable}/default_value", "Const"
-    default.attr["dtype"].type = 1
-    default.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.zeros((EV_DEFAULT_DIM, dim), np.float32)))
+def _initializer(graph: object, scope: str, shape: list[int], random: bool, fed: bool) -> tuple[str, np.ndarray]:
+    """An EV initializer's subgraph under `scope`, added to `graph`: seeded N(0, 1) (as
+    DeepRec's default EV initializer draws, seeds fixed in the graph) or zeros — or with
+    `fed`, that value times a placeholder (not computable without a feed); its output
+    tensor's name and the value TensorFlow computes for it (fed 1.0)."""
+    with tf.Graph().as_default() as own, tf1.name_scope(scope):
+        value = tf1.random_normal(shape, seed=5) if random else tf.zeros(shape)
+        feeds = {}
+        if fed:
+            scale = tf1.placeholder(tf.float32, [], name="scale")
+            value, feeds = value * scale, {scale: 1.0}
+    with tf1.Session(graph=own) as sess:
+        computed = sess.run(value, feeds)
+    graph.node.extend(own.as_graph_def().node)  # type: ignore[attr-defined]
+    return value.name, computed
+
+
+def _to_kv_ops(graph: object, variable: str, dim: int, random_default: bool, fed: bool = False,
+               per_position: bool = False) -> np.ndarray:
+    """`variable`'s VarHandleOp -> KvVarHandleOp, initialized by an InitializeKvVariableOp
+    whose value (the EV's default matrix, [EV_DEFAULT_DIM, dim]) is `_initializer`'s, and its
+    ResourceGathers -> KvResourceGather with DeepRec's dummy default_value 1.0
+    (is_use_default_value_tensor false: missing ids read the EV's own matrix). Returns that
+    matrix as TensorFlow computes it. `per_position`: the gathers read their default_value input
+    by position instead (is_use_default_value_tensor, DeepRec's ev_init_value)."""
+    value, matrix = _initializer(graph, f"{variable}/ev_default", [EV_DEFAULT_DIM, dim], random_default, fed)
+    dummy = graph.node.add()  # type: ignore[attr-defined]
+    dummy.name, dummy.op = f"{variable}/gather_default_value", "Const"
+    dummy.attr["dtype"].type = 1
+    dummy.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.float32(1.0)))
+    empty_key = graph.node.add()  # type: ignore[attr-defined]
+    empty_key.name, empty_key.op = f"{variable}/empty_key", "Const"
+    empty_key.attr["dtype"].type = 9
+    empty_key.attr["value"].tensor.CopyFrom(tf1.make_tensor_proto(np.int64(-1)))
+    init = graph.node.add()  # type: ignore[attr-defined]
+    init.name, init.op = f"{variable}/InitializeKvVariableOp", "InitializeKvVariableOp"
+    init.input.extend([variable, variable, value, empty_key.name])
+    init.attr["dtype"].type, init.attr["Tkeys"].type, init.attr["counter_type"].type = 1, 9, 9
+    init.attr["shape"].shape.dim.add().size = dim
+    init.attr["default_value_dim"].i = EV_DEFAULT_DIM
     for node in graph.node:  # type: ignore[attr-defined]
         if node.name == variable and node.op == "VarHandleOp":
             node.op = "KvVarHandleOp"
@@ -246,12 +279,13 @@ def _to_kv_ops(graph: object, variable: str, dim: int) -> None:
             node.attr.pop("debug_name", None)
         elif node.op == "ResourceGather" and node.input[0] == variable:
             node.op = "KvResourceGather"
-            node.input.append(default.name)
+            node.input.append(dummy.name)
             node.attr.pop("batch_dims", None)
             node.attr["Tkeys"].type = node.attr.pop("Tindices").type
-            node.attr["is_use_default_value_tensor"].b = True
+            node.attr["is_use_default_value_tensor"].b = per_position
             node.attr["validate_indices"].b = True
             node.attr["is_inference"].b = True
+    return matrix
 
 
 def _ev_tensors(name: str, keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
@@ -259,7 +293,7 @@ def _ev_tensors(name: str, keys: np.ndarray, values: np.ndarray) -> dict[str, np
             f"{name}-versions": np.zeros(len(keys), np.int64)}
 
 
-def rewrite_to_ev(savedmodel: str, out: str) -> None:
+def rewrite_to_ev(savedmodel: str, out: str, unservable: bool = False) -> None:
     """The SavedModel with its `city` table turned into a DeepRec Embedding Variable and its
     `item` table (partitioned in 2) into a partitioned EV, as DeepRec's own graphs hold them:
     DeepRec cannot be installed here, so its ops are written into the GraphDef by hand with
@@ -269,17 +303,20 @@ def rewrite_to_ev(savedmodel: str, out: str) -> None:
     validate_indices, dtype, Tkeys, is_inference). TensorFlow cannot import the result. Its
     variables/ hold the EVs as DeepRec saves them (`-keys`, `-values`, `-freqs`, `-versions`;
     `E/part_<k>-...` per partition, keys the global ids): `city` with its even ids only,
-    OUT.missing.npz naming the odd ones, whose rows TensorFlow's reference run sets to the
-    EV's default (zeros here)."""
+    OUT.missing.npz naming the odd ones with the rows DeepRec answers for them — row
+    id % EV_DEFAULT_DIM of city's default matrix, a seeded N(0, 1) draw (OUT.default.npy) —
+    which TensorFlow's reference run writes into the plain variable. `item` stores every id;
+    its default matrix is zeros. With `unservable`, city's default matrix needs a feed and
+    item's gathers read their default by position: neither can be served (warnings)."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved = saved_model_pb2.SavedModel()
     with open(f"{savedmodel}/saved_model.pb", "rb") as f:
         saved.ParseFromString(f.read())
     graph = saved.meta_graphs[0].graph_def
-    _to_kv_ops(graph, EV_TABLE, 8)
+    default = _to_kv_ops(graph, EV_TABLE, 8, random_default=True, fed=unservable)
     for part in (0, 1):
-        _to_kv_ops(graph, f"{EV_PARTITIONED}/part_{part}", 16)
+        _to_kv_ops(graph, f"{EV_PARTITIONED}/part_{part}", 16, random_default=False, per_position=unservable)
     os.makedirs(f"{out}/variables")
     with open(f"{out}/saved_model.pb", "wb") as f:
         f.write(saved.SerializeToString())
@@ -298,7 +335,8 @@ def rewrite_to_ev(savedmodel: str, out: str) -> None:
         sess.run(tf1.raw_ops.SaveV2(prefix=f"{out}/variables/variables", tensor_names=names,
                                     shape_and_slices=[""] * len(names), tensors=[tensors[n] for n in names]))
     missing = np.arange(1, len(rows), 2, dtype=np.int64)
-    np.savez(f"{out}.missing.npz", name=np.array(EV_TABLE), keys=missing, values=np.zeros((len(missing), 8), np.float32))
+    np.save(f"{out}.default.npy", default)
+    np.savez(f"{out}.missing.npz", name=np.array(EV_TABLE), keys=missing, values=default[missing % EV_DEFAULT_DIM])
 
 
 if __name__ == "__main__":
@@ -317,7 +355,7 @@ if __name__ == "__main__":
         with tf1.Session() as sess:
             np.savez(sys.argv[3], **{str(b): sess.run(tf.strings.to_hash_bucket_fast(words, b)) for b in counts})
     elif command == "evgraph":
-        rewrite_to_ev(sys.argv[2], sys.argv[3])
+        rewrite_to_ev(sys.argv[2], sys.argv[3], unservable=sys.argv[4:] == ["unservable"])
     elif command == "predict":
         predict(sys.argv[2], sys.argv[3], sys.argv[4], *[a or None for a in (sys.argv[5:7] + ["", ""])[:2]])
     else:

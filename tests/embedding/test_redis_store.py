@@ -285,3 +285,35 @@ def test_redis_cluster_client(redis_cluster_node: Any, opened: Any, tmp_path: Pa
     for got, want in zip(store.lookup_plan(PLAN).run(ids), expected(ckpt, ids)):
         np.testing.assert_array_equal(got, want)
     assert redis.RedisCluster.from_url(redis_cluster_node.url).ping() is True
+
+
+def test_a_rows_default_answers_keys_redis_lacks(redis_server: Any, opened: Any, tmp_path: Path) -> None:
+    """The cache's default is the binding's: with `{"rows": file}`, a key absent from Redis
+    (never stored, or deleted by a delta) answers row key mod k of the matrix, pooled too."""
+    matrix = np.random.default_rng(9).standard_normal((5, 4)).astype(np.float32)
+    rows_default = DefaultSpec(kind="rows", rows_file="defaults/item.npy", matrix=matrix)
+    bindings = [EmbeddingBinding("clicked", "item", 4, "clicked_emb", combiner="sum", default=rows_default),
+                EmbeddingBinding("item_id", "item", 4, "item_emb", default=rows_default)]
+    ckpt = version(tmp_path, 1, {"item": tables_for(1)["item"]})
+    store = opened(bindings, ckpt, config(redis_server), MODEL)
+    plan = store.lookup_plan([("item", "none"), ("item", "sum")])
+    stored = ckpt.tables["item"]
+    known = {int(k): v for k, v in zip(stored.keys, stored.values)}
+    unknown = np.array([k for k in (3, 4, -6, 2**62 + 1, -(2**63)) if k not in known], np.int64)
+    store.tables["item"].delete(stored.keys[:1])
+    del known[int(stored.keys[0])]
+    ids = np.concatenate([unknown, stored.keys[:3]]).astype(np.int64)
+    assert len(ids) == 8  # none of the unknown ones is in the checkpoint
+    grid = ids.reshape(2, 4)
+
+    def row(k: int) -> np.ndarray:
+        return known[k] if k in known else matrix[k % 5]
+
+    for _ in range(2):  # cold: fetched and found absent; warm: remembered as absent
+        single, pooled = plan.run([ids, grid])
+        np.testing.assert_array_equal(single, np.array([row(int(k)) for k in ids], np.float32))
+        want = np.zeros((2, 4), np.float32)
+        for b, sample in enumerate(grid):
+            for k in sample:
+                want[b] += row(int(k))
+        np.testing.assert_array_equal(pooled, want)

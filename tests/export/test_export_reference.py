@@ -145,3 +145,34 @@ def test_default_rows_are_the_documented_algorithm_with_pinned_values():
     many = np.random.default_rng(0).integers(-(2**63), 2**63 - 1, 2000)
     np.testing.assert_array_equal(default_rows(0.5, 42, many, 17),
                                   default_vectors(DefaultSpec(kind="normal", stddev=0.5, seed=42), many, 17))
+
+
+def test_rows_defaults_are_row_key_mod_k_of_the_file_and_the_processor_agrees(tmp_path):
+    """`{"rows": file}`: the reference reads the .npy itself; numbers worked out by hand, and
+    the Processor (the engine) serves the same through the whole model."""
+    from recserve import Processor
+
+    matrix = np.array([[1, 1], [2, 2], [3, 3]], dtype=np.float32)
+    rows = DefaultSpec(kind="rows", rows_file="defaults/t.npy", matrix=matrix)
+    bindings = tuple(EmbeddingBinding(b.input, b.table, DIM, b.graph_input, combiner=b.combiner, key_dtype=b.key_dtype,
+                                      default=rows if b.table == "t" else b.default) for b in BINDINGS)
+    model_dir = write_model_dir(tmp_path / "model", _passthrough_model(), ModelSpec(embeddings=bindings))
+    keys = np.array(list(ROWS), dtype=np.int64)
+    values = np.array(list(ROWS.values()), dtype=np.float32)
+    cities = TableData(np.array([string_key("paris")], dtype=np.int64), np.array([[7.0, 8.0]], dtype=np.float32))
+    version = write_checkpoint(tmp_path / "ckpt", {"t": (keys, values), "u": (keys, values), "cities": cities},
+                               global_step=1)
+    bag = np.array([[10, 4, -1], [-5, 999, -1], [-1, -1, -1]], dtype=np.int64)  # 4 % 3 = 1, -5 % 3 = 1, 999 % 3 = 0
+    inputs = _inputs(bag_sum=bag, bag_mean=bag, bag_sqrtn=bag, bag_none=bag)
+    out = reference_predict(model_dir, version.parent, inputs)
+    np.testing.assert_array_equal(out["bag_none"], [[[1, 2], [2, 2], [0, 0]], [[2, 2], [1, 1], [0, 0]],
+                                                    [[0, 0], [0, 0], [0, 0]]])
+    np.testing.assert_array_equal(out["bag_sum"], [[3, 4], [3, 3], [0, 0]])
+    np.testing.assert_array_equal(out["bag_mean"], [[1.5, 2], [1.5, 1.5], [0, 0]])
+    processor = Processor({"savedmodel_dir": str(model_dir), "checkpoint_dir": str(version.parent)})
+    try:
+        served = processor.predict(inputs)
+        for name in ("bag_none", "bag_sum", "bag_mean", "bag_sqrtn", "id", "city"):
+            np.testing.assert_array_equal(served[name], out[name])
+    finally:
+        processor.close()

@@ -35,6 +35,15 @@ static const int64_t KEYS[] = {
 
 static int key_index(input* in) { return byte(in) % NKEYS; }
 
+/* RS_DEFAULT_ROWS tables: an unknown key k gets row k mod DEFAULT_ROWS (floor modulo). */
+#define DEFAULT_ROWS 3
+static float DEFAULT_MATRIX[DEFAULT_ROWS][MAX_DIM];
+
+static void fill_default_matrix(void) {
+    for (int r = 0; r < DEFAULT_ROWS; r++)
+        for (int d = 0; d < MAX_DIM; d++) DEFAULT_MATRIX[r][d] = -1000.0f - (float)(r * 16 + d);
+}
+
 typedef struct {
     rs_table* table;
     float* adopted; /* the DRAM table's initial values buffer (it outlives the table) */
@@ -68,6 +77,9 @@ static void expected_row(const state* s, int64_t key, float* out) {
         memcpy(out, s->rows[i], (size_t)s->dim * sizeof(float));
     } else if (s->default_kind == RS_DEFAULT_NORMAL) {
         rs_default_vectors(0.5, 7, &key, 1, s->dim, out);
+    } else if (s->default_kind == RS_DEFAULT_ROWS) {
+        int64_t r = key % DEFAULT_ROWS;
+        memcpy(out, DEFAULT_MATRIX[r < 0 ? r + DEFAULT_ROWS : r], (size_t)s->dim * sizeof(float));
     } else {
         memset(out, 0, (size_t)s->dim * sizeof(float));
     }
@@ -204,7 +216,8 @@ static void op_tier(state* s, input* in) {
 static bool create(state* s, input* in) {
     uint8_t b = byte(in), n0 = byte(in) % 16;
     s->tiered = b & 1;
-    s->default_kind = b & 2 ? RS_DEFAULT_NORMAL : RS_DEFAULT_ZEROS;
+    s->default_kind = b & 2 ? RS_DEFAULT_NORMAL : b & 4 ? RS_DEFAULT_ROWS : RS_DEFAULT_ZEROS;
+    const int32_t create_kind = s->default_kind == RS_DEFAULT_ROWS ? RS_DEFAULT_ZEROS : s->default_kind;
     s->dim = 1 + (b >> 4) % MAX_DIM;
     int64_t keys[16];
     float values[16 * MAX_DIM];
@@ -234,12 +247,12 @@ static bool create(state* s, input* in) {
         int64_t resident[1] = {0};
         int64_t capacity = rs_tier_capacity(s->dim, config.dram_bytes);
         int64_t n_resident = n0 > 0 && capacity - rs_tier_write_reserve(capacity) >= 1 ? 1 : 0;
-        status = rs_tiered_create(s->dim, s->default_kind, 0.5, 7, keys, values, n0, resident, n_resident,
+        status = rs_tiered_create(s->dim, create_kind, 0.5, 7, keys, values, n0, resident, n_resident,
                                   &config, &s->table, &detail);
     } else {
         s->adopted = aligned_alloc(64, 64 * (size_t)(16 * MAX_DIM * sizeof(float) / 64 + 1));
         memcpy(s->adopted, values, (size_t)n0 * (size_t)s->dim * sizeof(float));
-        status = rs_table_create(s->dim, s->default_kind, 0.5, 7, keys, s->adopted, n0, &s->table, &detail);
+        status = rs_table_create(s->dim, create_kind, 0.5, 7, keys, s->adopted, n0, &s->table, &detail);
     }
     /* Duplicate initial keys must be refused, naming one; nothing else may fail. */
     bool dup = false;
@@ -250,6 +263,15 @@ static bool create(state* s, input* in) {
         return false;
     }
     CHECK(status == RS_OK);
+    if (s->default_kind == RS_DEFAULT_ROWS) {
+        float matrix[DEFAULT_ROWS * MAX_DIM];
+        fill_default_matrix();
+        for (int r = 0; r < DEFAULT_ROWS; r++)
+            memcpy(matrix + r * s->dim, DEFAULT_MATRIX[r], (size_t)s->dim * sizeof(float)); /* [3, dim] */
+        CHECK(rs_table_set_default_rows(s->table, matrix, 0) == RS_EINVAL);
+        CHECK(rs_table_set_default_rows(s->table, matrix, DEFAULT_ROWS) == RS_OK);
+        CHECK(rs_table_set_default_rows(s->table, matrix, DEFAULT_ROWS) == RS_EINVAL); /* once */
+    }
     for (int j = 0; j < n0; j++) {
         int k = index_of(keys[j]);
         s->present[k] = true;

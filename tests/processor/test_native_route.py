@@ -256,3 +256,45 @@ def test_bytes_like_requests_are_served_natively(
     assert demo_processor.process(bytearray(data)) == want   # the HTTP server's bodies
     assert demo_processor.process(memoryview(data)) == want
     assert _served(demo_processor) == before + 2
+
+
+def test_default_rows_are_served_natively_like_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `{"rows": file}` default (DeepRec's EV): unknown ids answer D[id mod k] through the
+    native route, byte for byte the Python route's, and equal to numpy indexing of the .npy
+    file (the graph only concatenates the embeddings)."""
+    from onnx import TensorProto, helper
+
+    from recserve.export import write_checkpoint, write_model_dir
+    from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec, SignatureSpec
+
+    rng = np.random.default_rng(5)
+    matrix = rng.standard_normal((3, 4)).astype(np.float32)
+    default = DefaultSpec(kind="rows", rows_file="defaults/items.npy", matrix=matrix)
+    bindings = (EmbeddingBinding("item", "items", 4, "e_item", default=default),
+                EmbeddingBinding("hist", "items", 4, "e_hist", combiner="sum", default=default))
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["e_item", "e_hist"], ["y"], axis=1)], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", 4]) for n in ("e_item", "e_hist")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    spec = ModelSpec(embeddings=bindings, signatures={"serving_default": SignatureSpec(
+        {"item": "item", "hist": "hist"}, {"y": "y"})})
+    model_dir = write_model_dir(tmp_path / "model", model, spec)
+    keys, values = np.arange(0, 100, 2, dtype=np.int64), rng.standard_normal((50, 4)).astype(np.float32)
+    write_checkpoint(tmp_path / "ckpt", {"items": (keys, values)}, global_step=1)
+    processor = Processor({"savedmodel_dir": str(model_dir), "checkpoint_dir": str(tmp_path / "ckpt")})
+    try:
+        item = np.array([2, 7, -5, 2**63 - 1], np.int64)
+        hist = np.array([[1, 4, -1], [-1, -1, -1], [-7, 9, 11], [3, 3, 6]], np.int64)
+        data = encode_request({"item": item, "hist": hist})
+        _assert_native_equals_python(processor, data, monkeypatch)
+
+        def row(k: int) -> np.ndarray:
+            return values[k // 2] if k % 2 == 0 and 0 <= k < 100 else matrix[k % 3]
+
+        want_item = np.array([row(int(k)) for k in item])
+        want_hist = np.array([sum((row(int(k)) for k in r if k != -1), np.zeros(4, np.float32)) for r in hist])
+        got = codec.decode_response(processor.process(data)[1])["y"]
+        np.testing.assert_array_equal(got, np.concatenate([want_item, want_hist], axis=1).astype(np.float32))
+    finally:
+        processor.close()

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 from recserve import Processor
 from recserve.export import write_checkpoint, write_model_dir
 from recserve.export.demo import DemoModel, write_demo
-from recserve.model_spec import EmbeddingBinding, ModelSpec
+from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,15 +90,17 @@ def start_server(config_path: Path, log_dir: Path, *, env: dict[str, str] | None
     pytest.fail(f"server not {'ready' if wait_ready else 'live'} within 60 s:\n{server.log()}")
 
 
-def write_rows_model(root: Path, rows: int, dim: int) -> dict[str, object]:
-    """A model that answers the looked-up rows themselves (Identity on the embedding)."""
+def write_rows_model(root: Path, rows: int, dim: int, default: DefaultSpec | None = None) -> dict[str, object]:
+    """A model that answers the looked-up rows themselves (Identity on the embedding); keys
+    0..rows-1 stored, others get `default` (zeros without one)."""
     graph = helper.make_graph(
         [helper.make_node("Identity", ["emb"], ["row"])], "rows",
         [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["batch", dim])],
         [helper.make_tensor_value_info("row", TensorProto.FLOAT, ["batch", dim])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)
-    spec = ModelSpec(embeddings=(EmbeddingBinding(input="ids", table="t", dim=dim, graph_input="emb"),))
+    spec = ModelSpec(embeddings=(EmbeddingBinding(input="ids", table="t", dim=dim, graph_input="emb",
+                                                  default=default or DefaultSpec()),))
     model_dir = write_model_dir(root / "model", model, spec)
     keys = np.arange(rows, dtype=np.int64)
     write_checkpoint(root / "checkpoints", {"t": (keys, np.zeros((rows, dim), np.float32))}, global_step=1)

@@ -60,3 +60,20 @@ def test_no_torn_rows_while_deltas_land(launch, tmp_path):
     assert min(requests) > 0 and sum(requests) > 30, requests
     # The readers saw the rows change under them: several deltas' values, not one.
     assert len(values_seen - {0.0}) >= 3, (values_seen, running.log())
+
+
+def test_workers_answer_unknown_ids_with_the_default_rows(launch, tmp_path):
+    """A `{"rows": file}` default: the matrix lives with the table in the shared arena, so
+    every worker process answers an unknown id with row id mod k, over fresh connections
+    (spread over the workers by SO_REUSEPORT)."""
+    from recserve.model_spec import DefaultSpec
+
+    matrix = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
+    config = write_rows_model(tmp_path, 100, 4, DefaultSpec(kind="rows", rows_file="defaults/t.npy", matrix=matrix))
+    running = launch(config | UNHURRIED, workers=2)
+    ids = np.array([100, 101, 7_000_003, -6, 2**63 - 1, 5], dtype=np.int64)
+    want = np.array([matrix[int(k) % 5] for k in ids[:-1]] + [np.zeros(4)], np.float32)
+    for _ in range(20):
+        response = httpx.post(f"{running.url}/api/predict/default", content=encode_request({"ids": ids}), timeout=30)
+        assert response.status_code == 200, response.text
+        np.testing.assert_array_equal(decode_response(response.content)["row"], want)
