@@ -252,6 +252,9 @@ def test_random_requests_and_corruptions_agree():
         assert taken > 600, taken   # the native parser takes the common forms
 
 
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="importing TensorFlow throws C++ exceptions (matplotlib's), which abort with libasan "
+                           "preloaded (make test-sanitize)")
 def test_make_tensor_proto_and_make_ndarray():
     """What TensorFlow's client writes parses natively; what recserve answers, TensorFlow reads."""
     tf = pytest.importorskip("tensorflow")
