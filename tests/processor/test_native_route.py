@@ -23,6 +23,7 @@ from recserve.processor.trace import RequestTrace
 from recserve.wire import codec
 from recserve.wire.codec import encode_request
 from tests.processor.test_processor_parity import _random_model, _random_request
+from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
 
@@ -213,36 +214,26 @@ def test_threads_serve_natively_while_versions_swap(
     requests = [encode_request(plain.sample(b, rng)) for b in (1, 1, 2, 8)]
     expected = [_python_route(plain_processor, r, monkeypatch) for r in requests]
     stop = threading.Event()
-    errors: list[BaseException] = []
-    served = [0] * 4
 
-    def hammer(k: int) -> None:
-        try:
-            i = k
-            while not stop.is_set():
-                got = plain_processor.process(requests[i % len(requests)])
-                assert got == expected[i % len(requests)]
-                served[k] += 1
-                i += 1
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            stop.set()
+    def hammer(k: int) -> int:
+        served, i = 0, k
+        while not stop.is_set():
+            got = plain_processor.process(requests[i % len(requests)])
+            assert got == expected[i % len(requests)]
+            served += 1
+            i += 1
+        return served
 
     before = _served(plain_processor)
-    threads = [threading.Thread(target=hammer, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
+    workers = Threads([lambda k=k: hammer(k) for k in range(4)], "native route callers")
     try:
         for _ in range(8):
             plain_processor._manager.swap(_new_version(plain_processor))
             stop.wait(0.2)
+            workers.check()
     finally:
         stop.set()
-        for t in threads:
-            t.join(WAIT)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors, errors[0]
-    assert sum(served) > 0
+    assert sum(workers.join(WAIT)) > 0
     assert _served(plain_processor) > before
 
 

@@ -26,6 +26,7 @@ from tests.processor.test_native_route import (
     _python_route,
     _served,
 )
+from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
 
@@ -176,37 +177,27 @@ def test_threads_key_strings_natively_while_versions_swap(tmp_path: Path, monkey
             answers[version] = [_python_route(p, r, monkeypatch) for r in requests]
         assert answers["1"] != answers["2"]
         stop = threading.Event()
-        errors: list[BaseException] = []
-        served = [0] * 3
 
-        def hammer(k: int) -> None:
-            try:
-                i = k
-                while not stop.is_set():
-                    j = i % len(requests)
-                    got = p.process(requests[j])
-                    assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
-                    served[k] += 1
-                    i += 1
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-                stop.set()
+        def hammer(k: int) -> int:
+            served, i = 0, k
+            while not stop.is_set():
+                j = i % len(requests)
+                got = p.process(requests[j])
+                assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
+                served += 1
+                i += 1
+            return served
 
         before = _served(p)
-        threads = [threading.Thread(target=hammer, args=(k,)) for k in range(3)]
-        for t in threads:
-            t.start()
+        workers = Threads([lambda k=k: hammer(k) for k in range(3)], "string-keyed callers")
         try:
             for swap in range(6):
                 p.load_version("1" if swap % 2 else "2")
                 stop.wait(0.1)
+                workers.check()
         finally:
             stop.set()
-            for t in threads:
-                t.join(WAIT)
-        assert not any(t.is_alive() for t in threads)
-        assert not errors, errors[0]
-        assert sum(served) > 0 and _served(p) > before
+        assert sum(workers.join(WAIT)) > 0 and _served(p) > before
     finally:
         p.close()
 
