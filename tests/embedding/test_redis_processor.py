@@ -195,6 +195,22 @@ def test_redis_restarted_empty_gets_the_version_back_with_its_deltas(demo: DemoM
             p.close()
 
 
+def _reimport_after(replica: Processor, never: str) -> threading.Event:
+    """Holds `replica`'s Redis follower back from re-importing a lost version until the
+    returned event is set (another replica then imports first); `never`: the failure if it
+    is not set within 30 s."""
+    follower = replica._manager.current.redis.follower  # type: ignore[union-attr]
+    other_imported = threading.Event()
+    own_reimport = follower._reimport
+
+    def after_the_other() -> None:
+        assert other_imported.wait(30), never
+        own_reimport()
+
+    follower._reimport = after_the_other  # type: ignore[method-assign]
+    return other_imported
+
+
 def test_a_replica_ahead_of_the_importer_writes_its_deltas_again(demo: DemoModel, redis_server: Any) -> None:
     """Redis comes back empty and the replica that imports the version again is a delta
     behind another (its updater polls less often): the other writes its newer delta again
@@ -217,15 +233,7 @@ def test_a_replica_ahead_of_the_importer_writes_its_deltas_again(demo: DemoModel
         assert lagging.model_info()["delta_step"] == 2
         at_three = Reference(demo.model_dir, demo.version_dir)
         # The lagging replica imports first: the other's follower waits until it has.
-        follower = ahead._manager.current.redis.follower  # type: ignore[union-attr]
-        imported = threading.Event()
-        own_reimport = follower._reimport
-
-        def after_the_other() -> None:
-            assert imported.wait(30), "the lagging replica never imported"
-            own_reimport()
-
-        follower._reimport = after_the_other  # type: ignore[method-assign]
+        imported = _reimport_after(ahead, "the lagging replica never imported")
         redis_server.kill()
         redis_server.start()
         eventually(lambda: _works(lagging, inputs), "the lagging replica imported the version again")
@@ -259,15 +267,7 @@ def test_a_replica_level_with_the_importer_writes_no_delta_again(demo: DemoModel
         eventually(lambda: all(p.model_info()["delta_step"] == 3 for p in replicas), "every processor at delta 3")
         inputs = demo.sample_inputs(64, np.random.default_rng(38))
         reference = Reference(demo.model_dir, demo.version_dir)
-        follower = other._manager.current.redis.follower  # type: ignore[union-attr]
-        imported = threading.Event()
-        own_reimport = follower._reimport
-
-        def after_the_other() -> None:
-            assert imported.wait(30), "the importer never imported"
-            own_reimport()
-
-        follower._reimport = after_the_other  # type: ignore[method-assign]
+        imported = _reimport_after(other, "the importer never imported")
         redis_server.kill()
         redis_server.start()
         eventually(lambda: _works(importer, inputs), "the importer imported the version again")
