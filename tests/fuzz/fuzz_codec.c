@@ -16,19 +16,8 @@
 #include "codec.h"
 #include "fuzz_input.h"
 
-static uint64_t get(const uint8_t** p, const uint8_t* end) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        CHECK(*p < end);
-        uint8_t b = *(*p)++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (b < 0x80) return v;
-    }
-    abort();
-}
-
 static void skip_text(const uint8_t** p, const uint8_t* end) {
-    uint64_t n = get(p, end);
+    uint64_t n = varint(p, end);
     CHECK(n <= (uint64_t)(end - *p));
     *p += n;
 }
@@ -51,15 +40,15 @@ static void check_layout(const uint8_t* layout, int64_t n, const int64_t* values
                          int64_t size) {
     const uint8_t *p = layout, *end = layout + n;
     skip_text(&p, end); /* signature_name */
-    for (uint64_t filters = get(&p, end); filters; filters--) skip_text(&p, end);
-    uint64_t inputs = get(&p, end), next_slot = 0;
+    for (uint64_t filters = varint(&p, end); filters; filters--) skip_text(&p, end);
+    uint64_t inputs = varint(&p, end), next_slot = 0;
     for (; inputs; inputs--) {
         skip_text(&p, end);
-        uint64_t out = get(&p, end), ndims = get(&p, end);
+        uint64_t out = varint(&p, end), ndims = varint(&p, end);
         CHECK(out <= RS_CODEC_OUT_STRING && ndims <= RS_CODEC_MAX_DIMS);
         unsigned __int128 elements = 1;
-        for (uint64_t d = 0; d < ndims; d++) elements *= get(&p, end);
-        uint64_t slot = get(&p, end), count = get(&p, end);
+        for (uint64_t d = 0; d < ndims; d++) elements *= varint(&p, end);
+        uint64_t slot = varint(&p, end), count = varint(&p, end);
         uint64_t per = out == RS_CODEC_OUT_COMPLEX64 || out == RS_CODEC_OUT_COMPLEX128 ? 2 : 1;
         CHECK(elements * per == count);
         /* Inputs start on fresh slots in wire order; survivors keep that order. */
@@ -114,12 +103,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         /* The values the layout points at are equal too (slots past them are scratch). */
         const uint8_t *p = (const uint8_t*)big, *end = p + n;
         skip_text(&p, end);
-        for (uint64_t f = get(&p, end); f; f--) skip_text(&p, end);
-        for (uint64_t inputs = get(&p, end); inputs; inputs--) {
+        for (uint64_t f = varint(&p, end); f; f--) skip_text(&p, end);
+        for (uint64_t inputs = varint(&p, end); inputs; inputs--) {
             skip_text(&p, end);
-            uint64_t out = get(&p, end), ndims = get(&p, end);
-            for (uint64_t d = 0; d < ndims; d++) get(&p, end);
-            uint64_t slot = get(&p, end), count = get(&p, end), used = slots_of(out, count);
+            uint64_t out = varint(&p, end), ndims = varint(&p, end);
+            for (uint64_t d = 0; d < ndims; d++) varint(&p, end);
+            uint64_t slot = varint(&p, end), count = varint(&p, end), used = slots_of(out, count);
             /* float32 payloads may end mid-slot: compare bytes, not slots. */
             size_t bytes = out == RS_CODEC_OUT_FLOAT32 || out == RS_CODEC_OUT_FLOAT16 ||
                                    out == RS_CODEC_OUT_COMPLEX64

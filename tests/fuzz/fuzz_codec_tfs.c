@@ -16,9 +16,9 @@
 /* The ModelSpec prefix; returns where the layout starts. */
 static const uint8_t* skip_prefix(const uint8_t* p, const uint8_t* end) {
     skip_text(&p, end); /* name */
-    uint64_t kind = get(&p, end);
+    uint64_t kind = varint(&p, end);
     CHECK(kind <= 2);
-    if (kind == 1) get(&p, end);
+    if (kind == 1) varint(&p, end);
     if (kind == 2) skip_text(&p, end);
     return p;
 }

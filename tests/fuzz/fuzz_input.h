@@ -27,6 +27,18 @@ static inline uint16_t word(input* in) {
     return (uint16_t)(low | byte(in) << 8);
 }
 
+/* A protobuf varint at *p (the layouts the codec writes); a truncated one fails the check. */
+static inline uint64_t varint(const uint8_t** p, const uint8_t* end) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        CHECK(*p < end);
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (b < 0x80) return v;
+    }
+    abort();
+}
+
 #ifdef RECSERVE_EMBEDDING_H
 #include <string.h>
 #include <unistd.h>

@@ -121,17 +121,6 @@ static rs_servable* fresh(void) {
 
 /* ---- the route of a layout, compiled as native_route.describe does -------------------- */
 
-static uint64_t varint(const uint8_t** p, const uint8_t* end) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        CHECK(*p < end);
-        uint8_t b = *(*p)++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (b < 0x80) return v;
-    }
-    abort();
-}
-
 typedef struct {
     int64_t ints[MAX_INTS];
     int64_t n;
