@@ -86,15 +86,11 @@ def _c_requests_per_s(
 ) -> float:
     (work / "req").write_bytes(b"".join(struct.pack("<I", len(r)) + r for r in requests))
     (work / "exp").write_bytes(b"".join(struct.pack("<iI", s, len(b)) + b for s, b in replies))
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     args = [library_path(), "serve", config, work / "req", work / "exp", THREADS, ROUNDS]
     out = subprocess.run(
-        [str(binary), *map(str, args)], env=env, capture_output=True, text=True, check=True
+        [str(binary), *map(str, args)], env=_route_env(True), capture_output=True, text=True, check=True
     ).stdout
-    match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+)", out)
-    if not match:
-        raise RuntimeError(f"cabi_client failed: {out}")
-    return int(match[1]) / float(match[2])
+    return _host_rate(out)[0]
 
 
 def _python_requests_per_s(processor: Processor, requests: list[bytes]) -> float:
@@ -153,15 +149,21 @@ def _route_env(native: bool) -> dict[str, str]:
     return env
 
 
+def _host_rate(out: str) -> tuple[float, float]:
+    """(requests/s, cores kept busy: the host's CPU seconds per second while serving) from
+    `cabi_client serve`'s report, which must say every reply matched."""
+    match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+) cpu ([\d.]+)", out)
+    if not match:
+        raise RuntimeError(f"cabi_client failed: {out}")
+    return int(match[1]) / float(match[2]), float(match[3]) / float(match[2])
+
+
 def _c_rate(binary: Path, work: Path, config: Path, threads: int, rounds: int, native: bool) -> tuple[float, float]:
     """(requests/s, cores kept busy: the host's CPU seconds per second while serving)."""
     args = [library_path(), "serve", config, work / "req", work / "exp", threads, rounds]
     out = subprocess.run([str(binary), *map(str, args)], env=_route_env(native), capture_output=True, text=True,
                          check=True, timeout=600).stdout
-    match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+) cpu ([\d.]+)", out)
-    if not match:
-        raise RuntimeError(f"cabi_client failed: {out}")
-    return int(match[1]) / float(match[2]), float(match[3]) / float(match[2])
+    return _host_rate(out)
 
 
 def _c_rate_processes(binary: Path, work: Path, config: Path, processes: int, rounds: int) -> tuple[float, float]:
@@ -173,11 +175,11 @@ def _c_rate_processes(binary: Path, work: Path, config: Path, processes: int, ro
     rate = busy = 0.0
     for host in hosts:
         out = host.communicate(timeout=600)[0]
-        match = re.match(r"sent (\d+) mismatched 0 seconds ([\d.]+) cpu ([\d.]+)", out)
-        if host.returncode or not match:
+        if host.returncode:
             raise RuntimeError(f"cabi_client failed: {out}")
-        rate += int(match[1]) / float(match[2])
-        busy += float(match[3]) / float(match[2])
+        host_rate, host_busy = _host_rate(out)
+        rate += host_rate
+        busy += host_busy
     return rate, busy
 
 
