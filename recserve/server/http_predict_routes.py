@@ -64,18 +64,16 @@ def match(path: str) -> tuple[str, tuple[str, ...]] | None:
         names = tuple(path[len(EAS_PREFIX):].split("/"))
         if len(names) <= 2 and all(names):
             return "eas", names
-    elif path.startswith(KSERVE_PREFIX) and path.endswith(KSERVE_SUFFIX):
-        parts = path[len(KSERVE_PREFIX):-len(KSERVE_SUFFIX)].split("/")
-        if len(parts) == 1 and parts[0]:
-            return "kserve", (parts[0],)
-        if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-            return "kserve", (parts[0], parts[2])
-    elif path.startswith(TFS_PREFIX) and path.endswith(TFS_SUFFIX):
-        parts = path[len(TFS_PREFIX):-len(TFS_SUFFIX)].split("/")
-        if len(parts) == 1 and parts[0]:
-            return "tfserving", (parts[0],)
-        if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-            return "tfserving", (parts[0], parts[2])
+        return None
+    # KServe v2 and TF Serving REST: <prefix><model>[/versions/<version>]<suffix>
+    for route, prefix, suffix in (("kserve", KSERVE_PREFIX, KSERVE_SUFFIX), ("tfserving", TFS_PREFIX, TFS_SUFFIX)):
+        if path.startswith(prefix) and path.endswith(suffix):
+            parts = path[len(prefix):-len(suffix)].split("/")
+            if len(parts) == 1 and parts[0]:
+                return route, (parts[0],)
+            if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+                return route, (parts[0], parts[2])
+            return None
     return None
 
 
