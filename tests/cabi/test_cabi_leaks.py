@@ -25,8 +25,13 @@ SHIM_FRAMES = 8
 ATTEMPTS_AFTER_A_FOREIGN_CRASH = 3
 
 
+# A frame of the shim's (the leak check's concern), and of any recserve library (a crash there is ours).
+SHIM_FILES = ("libserving_processor.so", "processor_shim.c")
+RECSERVE_FILES = (*SHIM_FILES, "librecserve_")
+
+
 def _ours(frame: str) -> bool:
-    return "libserving_processor.so" in frame or "processor_shim.c" in frame or "librecserve_" in frame
+    return any(name in frame for name in RECSERVE_FILES)
 
 
 def _crash_stack(valgrind_log: str) -> list[str]:
@@ -51,9 +56,7 @@ def _shim_leaks(valgrind_log: str) -> list[str]:
         if "definitely lost in loss record" not in record:
             continue
         frames = re.findall(r"^==\d+==\s+(?:at|by) 0x[0-9A-F]+: (.*)$", record, re.MULTILINE)
-        if any(
-            "libserving_processor.so" in f or "processor_shim.c" in f for f in frames[:SHIM_FRAMES]
-        ):
+        if any(name in f for f in frames[:SHIM_FRAMES] for name in SHIM_FILES):
             leaks.append(record)
     return leaks
 
