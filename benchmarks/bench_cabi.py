@@ -39,9 +39,10 @@ each. C host: `cabi_client serve` (dlopen, RTLD_LOCAL, no Python in the host) fo
 {SCALING_SECONDS:.0f} s per point, the native route (after) and the same library with
 `RECSERVE_NATIVE_ROUTE=0` (the Python route: before) interleaved, best of 2; "cores busy" is
 the host's CPU seconds per second while serving (how many cores its threads got). Python
-threads: `Processor.process` for {SCALING_SECONDS:.0f} s per point. GIL held per request: the
-time a request spends outside the native route's own clock (the route never holds the GIL);
-the paper estimate assumes everything but that part overlaps: N cores serve
+threads: `Processor.process` (the route called through recserve.processor._route_call,
+native/route_call.c) for {SCALING_SECONDS:.0f} s per point, 1 and 2 threads alternated, best
+of 2. GIL held per request: the time a request spends outside the native route's own clock
+(the route never holds the GIL), one thread, best of 10 windows; the paper estimate assumes everything but that part overlaps: N cores serve
 min(N / wall, 1 / held) requests/s. THE MACHINE IS SHARED (2 cores, up to 7 agents, Linux
 autogroup scheduling: a process's threads share one group's CPU share): thread-scaling
 ratios measured while others load it understate what the route allows; read them beside
@@ -243,10 +244,13 @@ def _python_rate(processor: Processor, requests: list[bytes], threads: int, seco
     return sum(counts) / wall, (time.process_time() - cpu) / wall
 
 
-def _gil_seconds_per_request(processor: Processor, requests: list[bytes], rounds: int) -> tuple[float, float]:
+def _gil_seconds_per_request(processor: Processor, requests: list[bytes], rounds: int,
+                             windows: int = 10) -> tuple[float, float]:
     """(wall seconds, seconds holding the GIL) per request on one thread. The GIL-held time is
     the request's time minus the time its native sections ran with the GIL released (the
-    native route's own clock minus its dense run's callback, which holds the GIL)."""
+    native route's own clock minus its dense run's callback, which holds the GIL). Best of
+    `windows` windows of `rounds` requests: on a shared machine another job preempting the
+    Python part of one window inflates only that window's figure."""
     from recserve.processor import native_route
 
     runner_ns = [0]
@@ -262,17 +266,23 @@ def _gil_seconds_per_request(processor: Processor, requests: list[bytes], rounds
             finally:
                 runner_ns[0] += time.perf_counter_ns() - start
         runner._sessions.run = timed   # type: ignore[method-assign]
-    before = processor.route_slot.counters()
-    started = time.perf_counter()
-    for i in range(rounds):
-        processor.process(requests[i % len(requests)])
-    wall = (time.perf_counter() - started) / rounds
-    after = processor.route_slot.counters()
-    if runner is not None and isinstance(runner, native_route.PythonRunner):
-        del runner._sessions.run
-    native_wall = after["wall_seconds"] - before["wall_seconds"]
-    released = max(native_wall - runner_ns[0] / 1e9, 0.0) / rounds
-    return wall, wall - released
+    best_wall = best_held = float("inf")
+    try:
+        for _ in range(windows):
+            runner_ns[0] = 0
+            before = processor.route_slot.counters()
+            started = time.perf_counter()
+            for i in range(rounds):
+                processor.process(requests[i % len(requests)])
+            wall = (time.perf_counter() - started) / rounds
+            after = processor.route_slot.counters()
+            native_wall = after["wall_seconds"] - before["wall_seconds"]
+            released = max(native_wall - runner_ns[0] / 1e9, 0.0) / rounds
+            best_wall, best_held = min(best_wall, wall), min(best_held, wall - released)
+    finally:
+        if runner is not None and isinstance(runner, native_route.PythonRunner):
+            del runner._sessions.run
+    return best_wall, best_held
 
 
 def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, ...] = (1, 64, 512)) -> list[Row]:
@@ -315,18 +325,33 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                          f"{busy_two / two * 1e6:.1f} vs {busy_one / one * 1e6:.1f} us)",
                     value=f"{two:,.0f} req/s", baseline=f"1 thread {one:,.0f} req/s", ratio=two / one,
                     goal=">= 1.8" if native else "", met=two / one >= 1.8 if native else None))
-        config = work / "config_py.json"
-        config.write_text(json.dumps(plain.config(session_num=2, intra_op_parallelism_threads=1,
-                                                  inter_op_parallelism_threads=1)))
-        processor = Processor(config.read_text())
+    return rows + python_thread_rows(python_batches)
+
+
+def python_thread_rows(batches: tuple[int, ...] = (1, 64, 512), repeats: int = 2) -> list[Row]:
+    """Python threads calling Processor.process (the native route through _route_call) on the
+    plain DLRM model, session_num 2: 2 vs 1 thread at each batch (alternated, best of
+    `repeats`), and the GIL held per request on one thread."""
+    from benchmarks.models import build_plain_dlrm
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = build_plain_dlrm(Path(tmp) / "plain")
+        processor = Processor(plain.config(session_num=2, intra_op_parallelism_threads=1,
+                                           inter_op_parallelism_threads=1))
+        rng = np.random.default_rng(5)
         try:
-            for batch in python_batches:
+            for batch in batches:
                 requests = [encode_request(plain.sample(batch, rng)) for _ in range(16)]
                 for r in requests * 3:
                     processor.process(r)
-                one, busy_one = _python_rate(processor, requests, 1, SCALING_SECONDS)
-                two, busy_two = _python_rate(processor, requests, 2, SCALING_SECONDS)
-                wall, gil = _gil_seconds_per_request(processor, requests, 2000 if batch < 512 else 200)
+                best: dict[int, tuple[float, float]] = {}
+                for _ in range(repeats):   # alternated, so load from elsewhere hits both alike
+                    for threads in (1, 2):
+                        got = _python_rate(processor, requests, threads, SCALING_SECONDS)
+                        best[threads] = max(best.get(threads, got), got)
+                (one, busy_one), (two, busy_two) = best[1], best[2]
+                wall, gil = _gil_seconds_per_request(processor, requests, 200 if batch < 512 else 20)
                 # Paper estimate: threads overlap everything but the GIL-held part, so N cores
                 # serve at most min(N / wall, 1 / gil) requests/s.
                 estimate = {n: min(n / wall, 1 / gil) / (1 / wall) for n in (16, 32)}
@@ -334,7 +359,8 @@ def scaling_rows(batches: tuple[int, ...] = (1, 64), python_batches: tuple[int, 
                     name=f"Processor.process from Python threads, plain DLRM, batch {batch}: 2 vs 1 thread "
                          f"(GIL held {gil * 1e6:.1f} of {wall * 1e6:.1f} us per request; paper estimate "
                          f"{estimate[16]:.1f}x at 16 cores, {estimate[32]:.1f}x at 32; "
-                         f"cores busy {busy_two:.2f} vs {busy_one:.2f})",
+                         f"cores busy {busy_two:.2f} vs {busy_one:.2f}; CPU per request "
+                         f"{busy_two / two * 1e6:.1f} vs {busy_one / one * 1e6:.1f} us)",
                     value=f"{two:,.0f} req/s", baseline=f"1 thread {one:,.0f} req/s", ratio=two / one,
                     goal=">= 1.8", met=two / one >= 1.8))
         finally:

@@ -5,6 +5,9 @@ Python stays the control plane: a route is still built and validated by
 module then *registers* its compiled form with the version's native servable, and every
 later request of that layout goes from bytes to bytes in C with the GIL released
 (`RouteSlot.process`, or the C ABI's `process()` calling `rs_route_process` directly).
+Python threads call it through `_route_call` (native/route_call.c), a CPython module that
+holds the GIL only to read its arguments and build the response bytes; ctypes (this module's
+other calls) is the control plane.
 
 - `RouteSlot`: one per Processor (its `ServableManager` owns it). Publishes the current
   version's `NativeServable` by atomic pointer swap; counts the requests that fell back to
@@ -31,6 +34,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +59,6 @@ FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "outp
                     "not_native")
 _NO_SERVABLE, _TRACE = 0, 8
 _SERVED, _WALL_NS, _COUNTERS = 10, 11, 12
-_INFO_SERVABLE, _INFO_BATCH, _INFO_T0, _INFO_SIZE = 0, 1, 2, 8
 _ROUTE_FORMAT = 2
 # How a string input's ids become keys (KEY_* in native/route.c).
 _KEY_XXH64, _KEY_BUCKETS, _KEY_VOCABULARY, _KEY_BUCKETS_EMPTY = 0, 1, 2, 3  # route.c's KEY_*
@@ -85,12 +88,15 @@ DENSE_RUN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_Tens
                              ctypes.POINTER(ctypes.c_void_p))
 
 
-def _load() -> ctypes.CDLL | None:
+def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
+    """The route library (ctypes: the control plane) and `_route_call`, Python threads' call
+    into it (a CPython module: it holds the GIL far less per request than a ctypes call);
+    (None, None) when either is missing or the route is turned off."""
     if os.environ.get("RECSERVE_NATIVE_ROUTE") == "0":   # off: every request takes the Python route
-        return None
+        return None, None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     try:
-        return open_library(Path(__file__).with_name("librecserve_route.so"), "native route", {
+        lib = open_library(Path(__file__).with_name("librecserve_route.so"), "native route", {
             "rs_slot_create": (p, []),
             "rs_slot_free": (None, [p]),
             "rs_slot_publish": (None, [p, p, ctypes.c_int32]),
@@ -104,36 +110,24 @@ def _load() -> ctypes.CDLL | None:
             "rs_servable_drain": (ctypes.c_int, [p, i64]),
             "rs_servable_leases": (i64, [p]),
             "rs_servable_free": (None, [p]),
-            "rs_route_process": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, p, p]),
         }, twin=False)
+        try:
+            from recserve.processor import _route_call
+        except ImportError as exc:
+            raise ImportError(f"recserve's native route call (the _route_call module) is missing or broken ({exc}); "
+                              "build it with `python setup.py build_ext --inplace`") from exc
     except ImportError as exc:
         log.warning("the native request route is unavailable (%s); requests take the Python route", exc)
-        return None
+        return None, None
+    _route_call.bind(ctypes.cast(lib.rs_route_process, ctypes.c_void_p).value)
+    return lib, _route_call
 
 
-_LIB = _load()
+_LIB, _CALL = _load()
+_route = _CALL.process if _CALL is not None else None
 _libc = ctypes.CDLL(None)
 _libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 _libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
-# free() with the GIL kept: releasing it around a call this short only invites a handoff
-# to another thread (and a wait to get it back) on every request.
-_free_holding_gil = ctypes.PyDLL(None).free
-_free_holding_gil.restype, _free_holding_gil.argtypes = None, [ctypes.c_void_p]
-
-
-class _Call:
-    """One thread's out-parameters of rs_route_process, made once."""
-
-    __slots__ = ("info", "info_address", "out", "out_ref", "size", "size_ref")
-
-    def __init__(self) -> None:
-        self.info = np.zeros(_INFO_SIZE, np.int64)
-        self.info_address = self.info.ctypes.data
-        self.out, self.size = ctypes.c_void_p(), ctypes.c_int64()
-        self.out_ref, self.size_ref = ctypes.byref(self.out), ctypes.byref(self.size)
-
-
-_process = _LIB.rs_route_process if _LIB is not None else None
 
 
 def route_process_address() -> int:
@@ -149,12 +143,13 @@ class RouteSlot:
         if _LIB is not None and not self.address:
             raise MemoryError("rs_slot_create failed")
         self._native: NativeServable | None = None
+        # The slot's address while a native servable is published, else 0: process()'s one test.
+        self._serving = 0
         self._unpublished = 0   # requests that found nothing native published (counted without a C call)
         if self.address:
             # Freed with this object: the C ABI's handle holds the Processor, so nothing can
             # call rs_route_process on the slot any more by then.
             weakref.finalize(self, _LIB.rs_slot_free, self.address)   # type: ignore[union-attr]
-        self._info = threading.local()
 
     @property
     def enabled(self) -> bool:
@@ -167,33 +162,35 @@ class RouteSlot:
         if self.address is not None:
             _LIB.rs_slot_publish(self.address, native.address if native else None, _NO_SERVABLE)  # type: ignore[union-attr]
         self._native = native
+        self._serving = self.address if native is not None and self.address else 0
 
     def count(self, reason: int) -> None:
         if self.address is not None:
             _LIB.rs_slot_count(self.address, reason)  # type: ignore[union-attr]
 
-    def process(self, data: bytes, trace: RequestTrace | None) -> bytes | None:
-        """The response served natively, or None: take the Python path (counted natively)."""
-        if self._native is None or self.address is None:
-            self._unpublished += 1   # no ctypes call: it would release the GIL for nothing
+    def process(self, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
+        """The response served natively, or None: take the Python path (counted natively).
+        `data`: any contiguous buffer, read in place (not copied) with the GIL released."""
+        # Every Python thread's request passes here holding the GIL: the fewer bytecodes
+        # before the GIL is released, the less often another thread waits for it.
+        slot = self._serving
+        if slot and trace is None:
+            return _route(slot, data)  # type: ignore[misc]
+        return self._process_traced(data, trace)
+
+    def _process_traced(self, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
+        if not self._serving:
+            self._unpublished += 1   # no C call: it would release the GIL for nothing
             return None
-        if trace is not None and trace.want_ort_profile:
+        assert trace is not None and _CALL is not None
+        if trace.want_ort_profile:
             self.count(_TRACE)
             return None
-        try:
-            call = self._info.call
-        except AttributeError:
-            call = self._info.call = _Call()
-        if type(data) is not bytes:
-            data = bytes(data)   # a bytearray or memoryview (the HTTP server's body)
-        if _process(self.address, data, len(data), call.out_ref, call.size_ref, call.info_address) != 200:
+        served = _CALL.process_traced(self._serving, data)
+        if served is None:
             return None
-        try:
-            response = ctypes.string_at(call.out.value, call.size.value)  # type: ignore[arg-type]
-        finally:
-            _free_holding_gil(call.out.value)
-        if trace is not None:
-            _fill_trace(trace, call.info)
+        response, info = served
+        _fill_trace(trace, info)
         return response
 
     def counters(self) -> dict[str, Any]:
@@ -215,12 +212,12 @@ _served_by: dict[int, tuple[str, weakref.ReferenceType[Any]]] = {}
 _ids = itertools.count(1)
 
 
-def _fill_trace(trace: RequestTrace, info: np.ndarray) -> None:
+def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
     from recserve.processor.trace import Span
 
-    # On every natively served request: one tolist() of the info block, the spans made as
-    # plain tuples of the Span type (its generated __new__ is a Python call each).
-    servable_id, batch, t0, t1, t2, t3, t4, _ = info.tolist()  # the _INFO_* layout
+    # On every natively served request with a trace (every server request): the spans made
+    # as plain tuples of the Span type (its generated __new__ is a Python call each).
+    servable_id, batch, t0, t1, t2, t3, t4 = info   # _route_call.process_traced's
     version, ref = _served_by.get(servable_id, ("", _no_servable))
     servable = ref()
     trace.model_version = version

@@ -289,3 +289,70 @@ def test_default_rows_are_served_natively_like_numpy(tmp_path: Path, monkeypatch
         np.testing.assert_array_equal(got, np.concatenate([want_item, want_hist], axis=1).astype(np.float32))
     finally:
         processor.close()
+
+
+def test_python_threads_get_the_python_routes_bytes_at_once(
+    plain_processor: Processor, plain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python threads enter the route together through _route_call (native/route_call.c: the
+    GIL released around the C call): every answer, traced or not, from bytes, bytearray or
+    memoryview bodies, is the Python route's, and each is served natively."""
+    rng = np.random.default_rng(70)
+    batches = [batch for batch in (1, 1, 1, 1, 2, 3, 8, 64) for _ in range(3)]
+    requests = [encode_request(plain.sample(batch, rng)) for batch in batches]
+    expected = [_python_route(plain_processor, r, monkeypatch) for r in requests]
+    assert all(status == 200 for status, _ in expected)
+    for r in requests:
+        plain_processor.process(r)   # each layout's first request: Python registers its route
+    version = plain_processor.model_info()["version"]
+    rounds = 400
+    before = _served(plain_processor)
+
+    def caller(k: int) -> int:
+        for i in range(rounds):
+            j = (k * 7 + i) % len(requests)
+            body = (requests[j], bytearray(requests[j]), memoryview(requests[j]))[i % 3]
+            if k % 2:   # the servers' calls: with a trace, filled from the native route's clock
+                trace = RequestTrace()
+                assert plain_processor.process(body, trace=trace) == expected[j]
+                assert [s.stage for s in trace.spans] == ["decode", "lookup", "run", "encode"]
+                assert all(s.end_ns >= s.start_ns for s in trace.spans)
+                assert (trace.batch_size, trace.model_version) == (batches[j], version)
+            else:
+                assert plain_processor.process(body) == expected[j]
+        return rounds
+
+    served = sum(Threads([lambda k=k: caller(k) for k in range(4)], "Processor.process callers").join(WAIT * 4))
+    assert _served(plain_processor) - before == served == 4 * rounds
+
+
+def test_bad_bytes_like_bodies_get_the_python_routes_error(
+    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = encode_request(demo.sample_inputs(2, np.random.default_rng(61)))
+    demo_processor.process(data)   # the layout has a route: only the bytes below decide
+    for bad in (data[:-3], b"\x0a\xff"):
+        want = _python_route(demo_processor, bad, monkeypatch)
+        assert want[0] == 400 and b"not a valid tensorflow.eas.PredictRequest" in want[1]
+        for body in (bad, bytearray(bad), memoryview(bad), memoryview(b"xx" + bad)[2:]):
+            assert demo_processor.process(body) == want
+    # A body that is one buffer, but not contiguous, is the Python route's too (it copies it).
+    strided = memoryview(bytearray(data * 2))[::2]
+    assert demo_processor.process(strided) == _python_route(demo_processor, strided, monkeypatch)
+
+
+def test_the_route_call_module_refuses_bad_arguments(demo_processor: Processor) -> None:
+    """_route_call is internal, but a wrong call must raise, never crash the process."""
+    from recserve.processor import _route_call
+
+    slot = demo_processor.route_slot.address
+    with pytest.raises(TypeError, match=r"process\(slot, data\) takes 2 arguments, not 1"):
+        _route_call.process(slot)
+    with pytest.raises(ValueError, match="the slot address must not be 0"):
+        _route_call.process(0, b"\x0a")
+    with pytest.raises(TypeError):
+        _route_call.process("slot", b"\x0a")
+    with pytest.raises(ValueError, match="the address of rs_route_process must not be 0"):
+        _route_call.bind(0)
+    assert _route_call.process(slot, b"\x0a\xff") is None   # declined by the C parser: the caller's Python route
+    assert _route_call.process_traced(slot, "not bytes") is None

@@ -1,0 +1,139 @@
+/* recserve.processor._route_call: Python's call into the native request route (route.h).
+ *
+ * Why a CPython module and not ctypes: a Python thread holds the GIL for everything around
+ * rs_route_process, and with ctypes that was most of it (argument conversion, the out
+ * parameters, string_at, a second call to free): ~3 us of a ~31 us batch-1 request, during
+ * which a second thread finding the GIL taken waits. Here the GIL is held only to read the
+ * arguments and to make the response bytes.
+ *
+ * rs_route_process is librecserve_route.so's, the library native_route.py opened with ctypes
+ * (its slots and servables live there): bind() is given its address once, as the C ABI shim
+ * is (native_route.route_process_address).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdlib.h>
+
+#include "route.h"
+
+typedef int (*route_process_fn)(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
+                                int64_t* out_size, int64_t* info);
+
+static route_process_fn route_process = NULL;
+
+static PyObject* bind(PyObject* module, PyObject* address) {
+    void* fn = PyLong_AsVoidPtr(address);
+    if (!fn) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bind: the address of rs_route_process must not be 0");
+        return NULL;
+    }
+    route_process = (route_process_fn)fn;
+    Py_RETURN_NONE;
+}
+
+/* One request: 200 with *out (malloc'd) the response, 0 not served, -1 a Python error set.
+ * `data`: bytes or any contiguous buffer (bytearray, memoryview), read in place with the GIL
+ * released -- its owner must not change it meanwhile (a resize is refused while the view is
+ * held); anything else is not served here (the Python route answers it). */
+static int call(PyObject* const* args, Py_ssize_t nargs, const char* name, uint8_t** out, int64_t* out_size,
+                int64_t* info) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(slot, data) takes 2 arguments, not %zd", name, nargs);
+        return -1;
+    }
+    if (!route_process) {
+        PyErr_Format(PyExc_RuntimeError, "%s: bind(address of rs_route_process) was not called", name);
+        return -1;
+    }
+    rs_route_slot* slot = PyLong_AsVoidPtr(args[0]);
+    if (!slot) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "%s: the slot address must not be 0", name);
+        return -1;
+    }
+    Py_buffer view = {0};
+    const uint8_t* data;
+    Py_ssize_t size;
+    if (PyBytes_CheckExact(args[1])) {   /* the common case: no buffer export to undo */
+        data = (const uint8_t*)PyBytes_AS_STRING(args[1]);
+        size = PyBytes_GET_SIZE(args[1]);
+    } else {
+        if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+                return -1;
+            PyErr_Clear();   /* not one contiguous buffer (a strided memoryview): the Python route's */
+            return 0;
+        }
+        data = view.buf;
+        size = view.len;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = route_process(slot, data, size, out, out_size, info);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);   /* a no-op for bytes (view not taken) */
+    return status;
+}
+
+/* The response bytes, freeing the route's buffer. */
+static PyObject* response(uint8_t* out, int64_t out_size) {
+    PyObject* bytes = PyBytes_FromStringAndSize((const char*)out, out_size);
+    free(out);
+    return bytes;
+}
+
+/* process(slot, data) -> bytes | None: the PredictResponse bytes, or None when the route did
+ * not serve the request (the caller takes the Python route). slot: an rs_route_slot address. */
+static PyObject* process(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    uint8_t* out = NULL;
+    int64_t out_size = 0;
+    int status = call(args, nargs, "process", &out, &out_size, NULL);
+    if (status < 0)
+        return NULL;
+    if (status != 200)
+        Py_RETURN_NONE;   /* nothing allocated */
+    return response(out, out_size);
+}
+
+/* process_traced(slot, data) -> (bytes, (servable id, batch, t0, t1, t2, t3, t4)) | None: as
+ * process, with what a trace records (route.h's RS_INFO_*: the times are CLOCK_MONOTONIC ns
+ * at the start, after decode, lookup, run and encode). */
+static PyObject* process_traced(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    uint8_t* out = NULL;
+    int64_t out_size = 0, info[RS_INFO_SIZE] = {0};
+    int status = call(args, nargs, "process_traced", &out, &out_size, info);
+    if (status < 0)
+        return NULL;
+    if (status != 200)
+        Py_RETURN_NONE;
+    PyObject* bytes = response(out, out_size);
+    if (!bytes)
+        return NULL;
+    return Py_BuildValue("N(LLLLLLL)", bytes, (long long)info[RS_INFO_SERVABLE], (long long)info[RS_INFO_BATCH],
+                         (long long)info[RS_INFO_T0], (long long)info[RS_INFO_T0 + 1], (long long)info[RS_INFO_T0 + 2],
+                         (long long)info[RS_INFO_T0 + 3], (long long)info[RS_INFO_T0 + 4]);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", (PyCFunction)bind, METH_O, "bind(address): use the rs_route_process at this address."},
+    {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
+     "process(slot, data) -> bytes | None: one request on the native route, the GIL released."},
+    {"process_traced", (PyCFunction)(void (*)(void))process_traced, METH_FASTCALL,
+     "process_traced(slot, data) -> (bytes, (servable, batch, t0, t1, t2, t3, t4)) | None: process, with its "
+     "trace."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot slots[] = {
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_route_call", "Python's call into the native request route (native/route.h).", 0,
+    methods, slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__route_call(void) {
+    return PyModuleDef_Init(&module);
+}
