@@ -62,7 +62,6 @@ class Processor:
         # on_swap: the leader of worker processes hands each new version to its workers.
         self._manager: ServableManager[Servable] = ServableManager(
             model_name, None if on_swap is None else lambda servable: on_swap(self, servable))
-        self._native_process = self._manager.route_slot.process   # process()'s first call, bound once
         self._storage = storage_for(self.config)
         self._state_lock = threading.Lock()
         self._closed = False
@@ -207,7 +206,7 @@ class Processor:
         # The native route first (DESIGN §10): bytes to bytes in C, the GIL released; a miss,
         # an error or a Python-only feature (an ONNX Runtime profile) comes back as None.
         if data:
-            response = self._native_process(data, trace)
+            response = self._manager.route_slot.process(data, trace)
             if response is not None:
                 return 200, response
         return self.process_python(data, trace=trace)
