@@ -176,9 +176,10 @@ class RouteSlot:
         slot = self._serving
         if slot and trace is None:
             return _route(slot, data)  # type: ignore[misc]
-        return self._process_traced(data, trace)
+        return self._process_slowly(data, trace)
 
-    def _process_traced(self, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
+    def _process_slowly(self, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
+        """process() when nothing native is published or the request is traced."""
         if not self._serving:
             self._unpublished += 1   # no C call: it would release the GIL for nothing
             return None
