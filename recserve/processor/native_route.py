@@ -105,6 +105,7 @@ def _load() -> ctypes.CDLL | None:
             "rs_servable_leases": (i64, [p]),
             "rs_servable_free": (None, [p]),
             "rs_route_process": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, p, p]),
+            "rs_route_process_tfs": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, p, p]),
         }, twin=False)
     except ImportError as exc:
         log.warning("the native request route is unavailable (%s); requests take the Python route", exc)
@@ -134,6 +135,7 @@ class _Call:
 
 
 _process = _LIB.rs_route_process if _LIB is not None else None
+_process_tfs = _LIB.rs_route_process_tfs if _LIB is not None else None
 
 
 def route_process_address() -> int:
@@ -174,6 +176,14 @@ class RouteSlot:
 
     def process(self, data: bytes, trace: RequestTrace | None) -> bytes | None:
         """The response served natively, or None: take the Python path (counted natively)."""
+        return self._serve(_process, data, trace)
+
+    def process_tfs(self, data: bytes, trace: RequestTrace | None) -> bytes | None:
+        """`process` for a tensorflow.serving.PredictRequest: its PredictResponse's outputs
+        (no model_spec: the caller checks the version `trace` names and appends it), or None."""
+        return self._serve(_process_tfs, data, trace)
+
+    def _serve(self, function: Any, data: bytes, trace: RequestTrace | None) -> bytes | None:
         if self._native is None or self.address is None:
             self._unpublished += 1   # no ctypes call: it would release the GIL for nothing
             return None
@@ -186,7 +196,7 @@ class RouteSlot:
             call = self._info.call = _Call()
         if type(data) is not bytes:
             data = bytes(data)   # a bytearray or memoryview (the HTTP server's body)
-        if _process(self.address, data, len(data), call.out_ref, call.size_ref, call.info_address) != 200:
+        if function(self.address, data, len(data), call.out_ref, call.size_ref, call.info_address) != 200:
             return None
         try:
             response = ctypes.string_at(call.out.value, call.size.value)  # type: ignore[arg-type]

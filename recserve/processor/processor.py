@@ -211,6 +211,12 @@ class Processor:
                 return 200, response
         return self.process_python(data, trace=trace)
 
+    def process_tfs(self, data: bytes, trace: RequestTrace) -> bytes | None:
+        """A tensorflow.serving.PredictRequest on the native route: its PredictResponse's
+        outputs (the caller checks the version `trace` names and appends the model_spec), or
+        None (the reason counted): serve it with `serve`. Never raises."""
+        return self._manager.route_slot.process_tfs(data, trace)
+
     def process_python(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
         """`process` on the Python route only: the spec the native route is tested against,
         and where every request the native route does not serve goes."""
