@@ -6,6 +6,7 @@ against EAS's on the same server and model (issue 27: no more CPU beyond the Pro
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,12 @@ thread CPU: parse, model, encode; grpcio's own work is outside it). The machine 
 with other jobs (load average 9-15 from other agents during the recorded run): rounds
 alternate so load hits both alike, the lowest of {TFS_ROUNDS} rounds is kept, and two runs
 minutes apart differed by up to 15% in either direction.
+
+TF Serving native-route rows (issue 24, item 4): TF Serving Predict answered by the native
+route (`rs_route_process_tfs`) against a second server of the same model started with
+RECSERVE_NATIVE_ROUTE=0, where it takes the Python route it took before (native parse,
+`Processor.serve`, Python encode); the two alternate in the same rounds as the EAS calls,
+lowest of {TFS_ROUNDS} rounds each; the load average is the row's at its end.
 
 Refusal row: a server whose model has max_queued_requests 1 and a 60 s dynamic-batching
 wait (max_batch_size 512), so the calls first sent park its worker threads and fill grpcio's
@@ -188,10 +195,18 @@ def run() -> list[Row]:
     server = subprocess.Popen(
         [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
          str(demo.config_path), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
+    # The baseline of the TF Serving native-route rows: the same server on the Python route
+    # (what TF Serving Predict took before it had a native entry).
+    python_http, python_grpc = free_port(), free_port()
+    python_server = subprocess.Popen(
+        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
+         str(demo.config_path), "--http-port", str(python_http), "--grpc-port", str(python_grpc)], cwd=ROOT,
+        env=dict(os.environ, RECSERVE_NATIVE_ROUTE="0"))
     peer = None
     rows: list[Row] = []
     try:
         wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
+        wait_ready(f"http://127.0.0.1:{python_http}/v2/health/ready", python_server, what="recserve serve")
         processor = Processor(json.loads(demo.config_path.read_text()))
         for batch in (1, 64):
             body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))
@@ -211,10 +226,21 @@ def run() -> list[Row]:
             peer = None
             tfs_body = encode_predict_request(demo.sample_inputs(batch, np.random.default_rng(batch)), "default")
             eas, tfs = (float("inf"), float("inf")), (float("inf"), float("inf"))
+            tfs_python = (float("inf"), float("inf"))
             for _ in range(TFS_ROUNDS):
                 target, metrics = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
                 eas = min(eas, _cpu_per_call(server.pid, target, body, metrics))
                 tfs = min(tfs, _cpu_per_call(server.pid, target, tfs_body, metrics, TFS_METHOD))
+                tfs_python = min(tfs_python, _cpu_per_call(python_server.pid, f"127.0.0.1:{python_grpc}", tfs_body,
+                                                           f"http://127.0.0.1:{python_http}", TFS_METHOD))
+            load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            rows.append(Row(
+                f"TF Serving gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call on the native "
+                f"route / on the Python route (the same server with RECSERVE_NATIVE_ROUTE=0), {TFS_ROUNDS} "
+                f"alternating rounds (in the calls' handlers: native {tfs[1] * 1e6:.0f} us, Python "
+                f"{tfs_python[1] * 1e6:.0f} us; load average {load})",
+                f"{tfs[0] * 1e6:.0f} us", f"Python route {tfs_python[0] * 1e6:.0f} us", tfs[0] / tfs_python[0],
+                "< 1.0", tfs[0] < tfs_python[0]))
             started = time.process_time()
             for _ in range(3000):
                 processor.process(body)
@@ -241,7 +267,7 @@ def run() -> list[Row]:
                                  encode_request(demo.sample_inputs(1, np.random.default_rng(1))), small))
         return rows
     finally:
-        for proc in (server, peer):
+        for proc in (server, python_server, peer):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)
