@@ -7,7 +7,8 @@
  * servable's vocabulary, as the seed picks), float and integer inputs fed as
  * dense inputs of a type the seed picks), registers it with a servable and serves the same
  * bytes through rs_route_process, with a dense runner written here (one float32 output per
- * input: the sum of its values; an int64 output of the input count; a bool one). The same
+ * input: the sum of its values; an int64 output of 1-48 values as the input's first and last bytes and the input count pick; a
+ * bool one). The same
  * bytes go the TF Serving way too: when rs_decode_tfs_request takes them, the layout behind
  * its ModelSpec prefix gets a route the same way and rs_route_process_tfs serves them. Checks:
  *   - a request whose layout was registered is served (200) and its response is the same
@@ -37,6 +38,7 @@ static rs_route_slot* slot;
 static rs_servable* current;
 static int64_t current_vocabulary; /* its handle in `current` */
 static int served_inputs;
+static uint8_t run_seed; /* the choice byte mixed with the input's last: the runner's int64 output follows it */
 
 /* ---- the dense runner: deterministic outputs from the inputs, no model ---------------- */
 
@@ -73,11 +75,16 @@ static int run(void* runner, const rs_tensor_in* inputs, size_t n, const char* c
             }
             out->data = sums;
         } else if (o % 3 == 1) {
+            /* 1-48 int64s of every varint width, as the input's bytes and count pick: entries of every
+             * size around 127 bytes, where a length's varint grows a byte (finding 14). */
+            int64_t count = 1 + (run_seed + 5 * (int64_t)n) % 48;
             out->elem_type = RS_ELEM_INT64;
-            out->rank = 0;
-            out->bytes = 8;
-            out->data = malloc(8);
-            *(int64_t*)out->data = -(int64_t)n;
+            out->rank = 1;
+            out->shape[0] = count;
+            out->bytes = (size_t)count * 8;
+            out->data = malloc(out->bytes);
+            for (int64_t i = 0; i < count; i++)
+                ((int64_t*)out->data)[i] = (int64_t)(0x9E3779B97F4A7C15ULL >> ((i * 7 + run_seed + (int64_t)n) % 64)) - (int64_t)n;
         } else {
             out->elem_type = RS_ELEM_BOOL;
             out->rank = 2;
@@ -399,6 +406,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 2 || size > 1 << 16)
         return 0;
     uint8_t seed = data[0];
+    run_seed = (uint8_t)(seed ^ (data[size - 1] * 31));
     int64_t n = (int64_t)size - 1;
     uint8_t* request = malloc((size_t)n); /* exactly its size: ASan sees a read past the end */
     memcpy(request, data + 1, (size_t)n);
