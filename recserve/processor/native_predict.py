@@ -1,0 +1,361 @@
+"""`Processor.predict` on the native request route (native/route_values.inc, DESIGN §10).
+
+The KServe v2 and TF Serving REST handlers call `predict` with arrays they parsed from JSON.
+Instead of the Python route, those arrays go to the same compiled routes
+`Processor.process` uses, handed over as the C parser would have left the equivalent
+PredictRequest: its *layout* bytes (native/codec.h) and one buffer of values, packed with a
+few numpy steps. The response comes back as PredictResponse bytes, read into arrays by a
+plan cached per layout.
+
+Soundness. A layout's plan (`_Packing`) is made once per request shape (signature, input
+names, dtypes, shapes, output filter) and checked then against the C parser itself: the
+request encoded (`codec.encode_request`) and parsed must give the same layout, and its
+recipe must read the same arrays out of our values as out of the parser's. Equal layout
+bytes then mean the route answers what `Processor.process` would for those bytes, which the
+native route's tests hold equal to the Python route. Anything else -- a dtype the wire has
+no kind for (uint32, float16 fed natively, ...), a string that is neither str nor bytes, a
+layout with no route, an output the plan cannot read, any error -- returns None and
+`Processor.predict` takes the Python route, which owns every error message.
+
+Thread-safe: the caches are dicts whose races only cost a recomputation; per-thread out
+parameters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from recserve.errors import RecserveError
+from recserve.processor import native_route
+from recserve.wire import codec
+
+if TYPE_CHECKING:
+    from recserve.processor.manager import ServableManager
+    from recserve.processor.servable import Servable
+    from recserve.processor.trace import RequestTrace
+
+__all__ = ["NativePredict"]
+
+log = logging.getLogger("recserve.processor")
+
+_ROUTE_MISS = native_route.FALLBACK_REASONS.index("route_miss")
+_INFO_REASON = 7        # RS_INFO_REASON
+_MAX_DIMS = 8           # RS_CODEC_MAX_DIMS
+_CACHE_LIMIT = 1024     # request shapes (and layouts tried per version) remembered
+
+# numpy dtype -> RS_CODEC_OUT_* and how its values fill int64 slots: "i" one slot per value
+# (varint fields), "f4"/"f8" their little-endian bytes.
+_KINDS: dict[np.dtype[Any], tuple[int, str]] = {
+    np.dtype(np.int64): (0, "i"), np.dtype(np.int32): (1, "i"), np.dtype(np.int16): (2, "i"),
+    np.dtype(np.int8): (3, "i"), np.dtype(np.uint8): (4, "i"), np.dtype(np.uint16): (5, "i"),
+    np.dtype(np.bool_): (6, "i"), np.dtype(np.float32): (7, "f4"), np.dtype(np.float64): (8, "f8"),
+}
+_OUT_STRING = 12
+_I8 = np.dtype(np.int64)
+_PAD4 = b"\0\0\0\0"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _text(s: str) -> bytes:
+    raw = s.encode()
+    return _varint(len(raw)) + raw
+
+
+class _Packing:
+    """How one request shape becomes a layout and a values buffer."""
+
+    __slots__ = ("layout", "steps", "strings")
+
+    def __init__(self, layout: bytes, steps: tuple[tuple[str, int], ...], strings: bool) -> None:
+        self.layout = layout
+        self.steps = steps      # per input, in order: ("i" | "f4" | "f8" | "s", element count)
+        self.strings = strings
+
+    def values(self, arrays: Sequence[np.ndarray]) -> tuple[bytes, bytes] | None:
+        """(values buffer, string data) for `arrays`; None when a string is neither str nor bytes."""
+        parts: list[bytes] = []
+        blob: list[bytes] = []
+        at = 0
+        for (how, count), arr in zip(self.steps, arrays):
+            if how == "i":
+                parts.append((arr if arr.dtype == _I8 else arr.astype(_I8)).tobytes())
+            elif how == "f4":
+                parts.append(arr.tobytes() + _PAD4 if count & 1 else arr.tobytes())
+            elif how == "f8":
+                parts.append(arr.tobytes())
+            else:
+                words = []
+                for s in arr.ravel().tolist():
+                    if type(s) is bytes:
+                        words.append(s)
+                    elif type(s) is str:
+                        words.append(s.encode())
+                    else:
+                        return None
+                spans = np.empty((count, 2), _I8)
+                lengths = [len(w) for w in words]
+                spans[:, 1] = lengths
+                spans[:, 0] = np.cumsum([at, *lengths[:-1]]) if count else 0
+                at += sum(lengths)
+                blob.extend(words)
+                parts.append(spans.tobytes())
+        return b"".join(parts), b"".join(blob)
+
+
+def _packing(signature_name: str, output_filter: Sequence[str], names: Sequence[str],
+             arrays: Sequence[np.ndarray]) -> _Packing | None:
+    """The request shape's packing (see codec.h for the layout), or None: not one the native
+    parser would take as it is."""
+    layout = [_text(signature_name), _varint(len(output_filter)), *map(_text, output_filter), _varint(len(arrays))]
+    steps = []
+    slot = 0
+    strings = False
+    for name, arr in zip(names, arrays):
+        if arr.ndim > _MAX_DIMS:
+            return None
+        count = arr.size
+        if arr.dtype.kind in "OSU":
+            out, how, slots = _OUT_STRING, "s", 2 * count
+            strings = True
+        else:
+            kind = _KINDS.get(arr.dtype)
+            if kind is None:
+                return None
+            out, how = kind
+            slots = (count * 4 + 7) // 8 if how == "f4" else count
+        layout += [_text(name), _varint(out), _varint(arr.ndim), *map(_varint, arr.shape), _varint(slot),
+                   _varint(count)]
+        steps.append((how, count))
+        slot += slots
+    return _Packing(b"".join(layout), tuple(steps), strings)
+
+
+def _same_arrays(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> bool:
+    if list(got) != list(want):
+        return False
+    for name, arr in want.items():
+        mine = got[name]
+        if mine.dtype != arr.dtype or mine.shape != arr.shape:
+            return False
+        if arr.dtype == np.dtype(object):
+            if mine.ravel().tolist() != arr.ravel().tolist():
+                return False
+        elif not np.array_equal(mine, arr, equal_nan=True) or mine.tobytes() != arr.tobytes():
+            return False
+    return True
+
+
+def _request_bytes(signature_name: str, output_filter: Sequence[str], names: Sequence[str],
+                   arrays: Sequence[np.ndarray]) -> bytes:
+    return codec.encode_request(dict(zip(names, arrays)), signature_name, output_filter)
+
+
+def _checked(packing: _Packing, signature_name: str, output_filter: Sequence[str], names: Sequence[str],
+             arrays: Sequence[np.ndarray]) -> bool:
+    """Whether the C parser, given these arrays as PredictRequest bytes, leaves the same layout
+    and values as `packing` does (a recserve bug otherwise: logged, and the shape stays in Python)."""
+    try:
+        parsed = codec.parse_request(_request_bytes(signature_name, output_filter, names, arrays))
+    except RecserveError:
+        return False   # not encodable (encode_request says why; predict will too)
+    if parsed is None:
+        return False   # the parser declines it: so would rs_route_process
+    packed = packing.values(arrays)
+    if packed is None:
+        return False
+    values, data = packed
+    from recserve.wire._codec_native import _arrays
+
+    mine = np.frombuffer(values, _I8).copy()
+    if parsed.layout != packing.layout or not _same_arrays(_arrays(mine, data, parsed.recipe), parsed.inputs()):
+        log.error("native predict: the packing of a request shape differs from the C parser's (a recserve bug); "
+                  "requests of that shape take the Python route")
+        return False
+    return True
+
+
+class _Outputs:
+    """Reads one layout's PredictResponse bytes into arrays: the (name, dtype, shape) of each
+    output as the first response had them, each a float or double array (their values are the
+    bytes after a fixed prefix: codec._entry_prefix). Later responses are checked to have the
+    same prefixes at the same places."""
+
+    __slots__ = ("entries", "size")
+
+    def __init__(self, entries: tuple[tuple[str, bytes, int, np.dtype[Any], tuple[int, ...], int], ...],
+                 size: int) -> None:
+        self.entries = entries   # (key, prefix, its offset, dtype, shape, element count)
+        self.size = size
+
+    @classmethod
+    def plan(cls, response: bytes) -> _Outputs | None:
+        """The plan for responses like `response`; None when an output is not a non-empty float
+        or double array (those requests take the Python route)."""
+        decoded = codec.decode_response(response)
+        entries, at = [], 0
+        while at < len(response):
+            found = None
+            for key, arr in decoded.items():
+                prefix = codec._entry_prefix(key, arr)
+                if prefix is not None and response.startswith(prefix[0], at) and prefix[1] == arr.dtype:
+                    found = key, prefix[0], arr
+                    break
+            if found is None:
+                return None
+            key, prefix, arr = found
+            entries.append((key, prefix, at, arr.dtype, arr.shape, arr.size))
+            at += len(prefix) + arr.nbytes
+        plan = cls(tuple(entries), len(response))
+        read = plan.read(response)
+        if read is None or read.keys() != decoded.keys() or any(
+                read[k].shape != decoded[k].shape or read[k].tobytes() != decoded[k].tobytes() for k in decoded):
+            return None
+        return plan
+
+    def read(self, response: bytes) -> dict[str, np.ndarray] | None:
+        if len(response) != self.size:
+            return None
+        outputs = {}
+        for key, prefix, at, dtype, shape, count in self.entries:
+            if not response.startswith(prefix, at):
+                return None
+            # A copy: aligned and writeable, as the Python route's arrays are.
+            outputs[key] = np.frombuffer(response, dtype, count, at + len(prefix)).reshape(shape).copy()
+        return outputs
+
+
+class _Call:
+    """One thread's out-parameters of rs_route_process_values."""
+
+    __slots__ = ("info", "info_address", "out", "out_ref", "size", "size_ref")
+
+    def __init__(self) -> None:
+        self.info = np.zeros(_INFO_REASON + 1, np.int64)
+        self.info_address = self.info.ctypes.data
+        self.out, self.size = ctypes.c_void_p(), ctypes.c_int64()
+        self.out_ref, self.size_ref = ctypes.byref(self.out), ctypes.byref(self.size)
+
+
+def _entry() -> Any:
+    lib = native_route._LIB
+    fn = getattr(lib, "rs_route_process_values", None) if lib is not None else None
+    if fn is not None:
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.restype, fn.argtypes = ctypes.c_int, [p, ctypes.c_char_p, i64, ctypes.c_char_p, i64, ctypes.c_char_p,
+                                                 p, p, p]
+    return fn
+
+
+_process_values = _entry()
+_NO_PACKING: Any = object()
+
+
+class NativePredict:
+    """One Processor's hand-off of `predict` calls to its native route."""
+
+    def __init__(self, manager: ServableManager[Servable]) -> None:
+        self._manager = manager
+        self._slot = manager.route_slot
+        # (signature, filter, ((name, dtype, shape), ...)) -> _Packing, or None: Python only.
+        self._packings: dict[Any, _Packing | None] = {}
+        self._outputs: dict[bytes, _Outputs | None] = {}   # layout -> how its responses read
+        # Layouts whose route a version was already asked to build (never twice per version).
+        self._tried: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+
+    def predict(self, inputs: Mapping[str, Any], output_filter: Sequence[str] | None, signature_name: str | None,
+                trace: RequestTrace | None) -> dict[str, np.ndarray] | None:
+        """`Servable.predict`'s answer served natively, or None: take the Python route."""
+        if _process_values is None or self._slot._native is None or self._slot.address is None:
+            return None
+        if trace is not None and trace.want_ort_profile:
+            return None
+        try:
+            names = tuple(inputs)
+            arrays = [v if type(v) is np.ndarray else np.asarray(v) for v in inputs.values()]
+            signature = signature_name or ""
+            wanted = tuple(output_filter) if output_filter else ()
+            key = (signature, wanted, tuple((a.dtype, a.shape) for a in arrays), names)
+        except (TypeError, ValueError):
+            return None   # the Python route says what is wrong with it
+        packing = self._packings.get(key, _NO_PACKING)
+        if packing is _NO_PACKING:
+            packing = self._new_packing(key, signature, wanted, names, arrays)
+        if packing is None:
+            return None
+        packed = packing.values(arrays)
+        if packed is None:
+            return None
+        values, data = packed
+        try:
+            call = self._local.call
+        except AttributeError:
+            call = self._local.call = _Call()
+        layout = packing.layout
+        if _process_values(self._slot.address, layout, len(layout), values, len(values) >> 3, data,
+                           call.out_ref, call.size_ref, call.info_address) != 200:
+            if call.info[_INFO_REASON] == _ROUTE_MISS:
+                self._build_route(layout, signature, wanted, names, arrays)
+            return None
+        try:
+            response = ctypes.string_at(call.out.value, call.size.value)  # type: ignore[arg-type]
+        finally:
+            native_route._free_holding_gil(call.out.value)
+        reader = self._outputs.get(layout, _NO_PACKING)
+        if reader is _NO_PACKING:
+            reader = self._outputs[layout] = _Outputs.plan(response)
+        outputs = reader.read(response) if reader is not None else None
+        if outputs is not None and trace is not None:
+            native_route._fill_trace(trace, call.info)
+        return outputs
+
+    def _new_packing(self, key: Any, signature: str, wanted: tuple[str, ...], names: tuple[str, ...],
+                     arrays: list[np.ndarray]) -> _Packing | None:
+        try:
+            packing = _packing(signature, wanted, names, arrays)
+            if packing is not None and not _checked(packing, signature, wanted, names, arrays):
+                packing = None
+        except (AttributeError, TypeError, ValueError):   # a name or filter that is not text, unencodable text
+            packing = None
+        if len(self._packings) >= _CACHE_LIMIT:
+            self._packings.clear()
+        self._packings[key] = packing
+        return packing
+
+    def _build_route(self, layout: bytes, signature: str, wanted: tuple[str, ...], names: tuple[str, ...],
+                     arrays: list[np.ndarray]) -> None:
+        """Asks the current version to build and register the layout's route, as the first
+        `process` of it would (once per version: invalid requests fail in Python each time)."""
+        with self._manager.acquire() as servable:
+            native = servable.native
+            if native is None:
+                return
+            tried = self._tried.setdefault(native, set())
+            if layout in tried:
+                return
+            if len(tried) >= _CACHE_LIMIT:
+                tried.clear()
+            tried.add(layout)
+            parsed = codec.parse_request(_request_bytes(signature, wanted, names, arrays))
+            if parsed is None or parsed.layout != layout:
+                return
+            try:
+                servable.route(parsed)
+            except RecserveError:
+                pass   # the Python route raises it for this request again, with its message
+
