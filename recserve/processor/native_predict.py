@@ -5,7 +5,7 @@ Instead of the Python route, those arrays go to the same compiled routes
 `Processor.process` uses, handed over as the C parser would have left the equivalent
 PredictRequest: its *layout* bytes (native/codec.h) and one buffer of values, packed with a
 few numpy steps. The response comes back as PredictResponse bytes, read into arrays by a
-plan cached per layout.
+plan cached per layout (float and double outputs) or by the generated parser.
 
 Soundness. A layout's plan (`_Packing`) is made once per request shape (signature, input
 names, dtypes, shapes, output filter) and checked then against the C parser itself: the
@@ -14,7 +14,7 @@ recipe must read the same arrays out of our values as out of the parser's. Equal
 bytes then mean the route answers what `Processor.process` would for those bytes, which the
 native route's tests hold equal to the Python route. Anything else -- a dtype the wire has
 no kind for (uint32, float16 fed natively, ...), a string that is neither str nor bytes, a
-layout with no route, an output the plan cannot read, any error -- returns None and
+layout with no route, an output the native encoder does not write, any error -- returns None and
 `Processor.predict` takes the Python route, which owns every error message.
 
 Thread-safe: the caches are dicts whose races only cost a recomputation; per-thread out
@@ -189,40 +189,61 @@ def _checked(packing: _Packing, signature_name: str, output_filter: Sequence[str
     return True
 
 
+def _varint_at(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _read_any(response: bytes) -> dict[str, np.ndarray]:
+    """Any PredictResponse the native encoder writes, as arrays in its entries' order (the
+    order of the request's outputs): the generated parser reads the values, a walk over the
+    entries' heads the order (a protobuf map has none of its own). Each entry's key comes
+    first (native/route.c, put_output)."""
+    decoded = codec.decode_response(response)
+    ordered, at = {}, 0
+    while at < len(response):
+        length, at = _varint_at(response, at + 1)
+        key_length, start = _varint_at(response, at + 1)
+        key = response[start:start + key_length].decode()
+        ordered[key] = decoded[key]
+        at += length
+    return ordered
+
+
 class _Outputs:
-    """Reads one layout's PredictResponse bytes into arrays: the (name, dtype, shape) of each
-    output as the first response had them, each a float or double array (their values are the
-    bytes after a fixed prefix: codec._entry_prefix). Later responses are checked to have the
-    same prefixes at the same places."""
+    """Reads one layout's PredictResponse bytes into arrays without the generated parser: the
+    (name, dtype, shape) of each output as the first response had them, each a float or
+    double array (its values are the bytes after a fixed head: codec._entry_prefix). Later
+    responses are checked to have the same heads at the same places."""
 
     __slots__ = ("entries", "size")
 
     def __init__(self, entries: tuple[tuple[str, bytes, int, np.dtype[Any], tuple[int, ...], int], ...],
                  size: int) -> None:
-        self.entries = entries   # (key, prefix, its offset, dtype, shape, element count)
+        self.entries = entries   # (key, head, its offset, dtype, shape, element count)
         self.size = size
 
     @classmethod
     def plan(cls, response: bytes) -> _Outputs | None:
         """The plan for responses like `response`; None when an output is not a non-empty float
-        or double array (those requests take the Python route)."""
-        decoded = codec.decode_response(response)
+        or double array (those responses are read by `_read_any`)."""
+        decoded = _read_any(response)
         entries, at = [], 0
-        while at < len(response):
-            found = None
-            for key, arr in decoded.items():
-                prefix = codec._entry_prefix(key, arr)
-                if prefix is not None and response.startswith(prefix[0], at) and prefix[1] == arr.dtype:
-                    found = key, prefix[0], arr
-                    break
-            if found is None:
+        for key, arr in decoded.items():
+            head = codec._entry_prefix(key, arr)
+            if head is None or head[1] != arr.dtype or not response.startswith(head[0], at):
                 return None
-            key, prefix, arr = found
-            entries.append((key, prefix, at, arr.dtype, arr.shape, arr.size))
-            at += len(prefix) + arr.nbytes
+            entries.append((key, head[0], at, arr.dtype, arr.shape, arr.size))
+            at += len(head[0]) + arr.nbytes
         plan = cls(tuple(entries), len(response))
         read = plan.read(response)
-        if read is None or read.keys() != decoded.keys() or any(
+        if read is None or list(read) != list(decoded) or any(
                 read[k].shape != decoded[k].shape or read[k].tobytes() != decoded[k].tobytes() for k in decoded):
             return None
         return plan
@@ -231,12 +252,26 @@ class _Outputs:
         if len(response) != self.size:
             return None
         outputs = {}
-        for key, prefix, at, dtype, shape, count in self.entries:
-            if not response.startswith(prefix, at):
+        for key, head, at, dtype, shape, count in self.entries:
+            if not response.startswith(head, at):
                 return None
             # A copy: aligned and writeable, as the Python route's arrays are.
-            outputs[key] = np.frombuffer(response, dtype, count, at + len(prefix)).reshape(shape).copy()
+            outputs[key] = np.frombuffer(response, dtype, count, at + len(head)).reshape(shape).copy()
         return outputs
+
+
+def _fill_trace(trace: RequestTrace, info: np.ndarray) -> None:
+    """The stages `Servable.predict` traces, "lookup" and "run" (the response's encoding in C
+    counted with the run); the caller traces its own decode and encode."""
+    from recserve.processor.trace import Span
+
+    servable_id, batch, t0, _, t2, _, t4, _ = info.tolist()   # RS_INFO_* (route.h)
+    version, ref = native_route._served_by.get(servable_id, ("", native_route._no_servable))
+    servable = ref()
+    trace.model_version = version
+    trace.delta_step = servable.delta_step if servable is not None else 0
+    trace.batch_size = batch
+    trace.spans.extend((Span("lookup", t0, t2), Span("run", t2, t4)))
 
 
 class _Call:
@@ -273,7 +308,8 @@ class NativePredict:
         self._slot = manager.route_slot
         # (signature, filter, ((name, dtype, shape), ...)) -> _Packing, or None: Python only.
         self._packings: dict[Any, _Packing | None] = {}
-        self._outputs: dict[bytes, _Outputs | None] = {}   # layout -> how its responses read
+        # layout -> the plan its responses are read by (None: _read_any).
+        self._outputs: dict[bytes, _Outputs | None] = {}
         # Layouts whose route a version was already asked to build (never twice per version).
         self._tried: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
         self._local = threading.local()
@@ -318,10 +354,14 @@ class NativePredict:
             native_route._free_holding_gil(call.out.value)
         reader = self._outputs.get(layout, _NO_PACKING)
         if reader is _NO_PACKING:
+            if len(self._outputs) >= _CACHE_LIMIT:
+                self._outputs.clear()
             reader = self._outputs[layout] = _Outputs.plan(response)
         outputs = reader.read(response) if reader is not None else None
-        if outputs is not None and trace is not None:
-            native_route._fill_trace(trace, call.info)
+        if outputs is None:
+            outputs = _read_any(response)
+        if trace is not None:
+            _fill_trace(trace, call.info)
         return outputs
 
     def _new_packing(self, key: Any, signature: str, wanted: tuple[str, ...], names: tuple[str, ...],
