@@ -58,7 +58,7 @@ _KINDS: dict[np.dtype[Any], tuple[int, str]] = {
     np.dtype(np.bool_): (6, "i"), np.dtype(np.float32): (7, "f4"), np.dtype(np.float64): (8, "f8"),
 }
 _OUT_STRING = 12
-_I8 = np.dtype(np.int64)
+_I8, _F8 = np.dtype(np.int64), np.dtype(np.float64)
 _PAD4 = b"\0\0\0\0"
 
 
@@ -76,42 +76,47 @@ def _text(s: str) -> bytes:
     return _varint(len(raw)) + raw
 
 
+# How an input's values fill the buffer: its bytes as they are (int64, float64, float32 of
+# an even count), float32 bytes and 4 bytes of padding (odd count: each input starts on a
+# fresh slot), one int64 per value (narrower ints, bool), (offset, length) per string.
+_RAW, _PAD, _WIDEN, _STRINGS = range(4)
+
+
 class _Packing:
     """How one request shape becomes a layout and a values buffer."""
 
-    __slots__ = ("layout", "steps", "strings")
+    __slots__ = ("layout", "raw", "steps")
 
-    def __init__(self, layout: bytes, steps: tuple[tuple[str, int], ...], strings: bool) -> None:
+    def __init__(self, layout: bytes, steps: tuple[int, ...]) -> None:
         self.layout = layout
-        self.steps = steps      # per input, in order: ("i" | "f4" | "f8" | "s", element count)
-        self.strings = strings
+        self.steps = steps      # per input, in order: _RAW, _PAD, _WIDEN or _STRINGS
+        self.raw = all(step == _RAW for step in steps)
 
     def values(self, arrays: Sequence[np.ndarray]) -> tuple[bytes, bytes] | None:
         """(values buffer, string data) for `arrays`; None when a string is neither str nor bytes."""
+        if self.raw:
+            return b"".join([arr.tobytes() for arr in arrays]), b""
         parts: list[bytes] = []
         blob: list[bytes] = []
         at = 0
-        for (how, count), arr in zip(self.steps, arrays):
-            if how == "i":
-                parts.append((arr if arr.dtype == _I8 else arr.astype(_I8)).tobytes())
-            elif how == "f4":
-                parts.append(arr.tobytes() + _PAD4 if count & 1 else arr.tobytes())
-            elif how == "f8":
+        for step, arr in zip(self.steps, arrays):
+            if step == _RAW:
                 parts.append(arr.tobytes())
+            elif step == _PAD:
+                parts.append(arr.tobytes() + _PAD4)
+            elif step == _WIDEN:
+                parts.append(arr.astype(_I8).tobytes())
             else:
-                words = []
-                for s in arr.ravel().tolist():
-                    if type(s) is bytes:
-                        words.append(s)
-                    elif type(s) is str:
-                        words.append(s.encode())
-                    else:
-                        return None
-                spans = np.empty((count, 2), _I8)
-                lengths = [len(w) for w in words]
+                words = [w if type(w) is bytes else w.encode() if type(w) is str else None
+                         for w in arr.ravel().tolist()]
+                if None in words:
+                    return None
+                lengths = np.fromiter(map(len, words), _I8, len(words))
+                spans = np.empty((len(words), 2), _I8)
                 spans[:, 1] = lengths
-                spans[:, 0] = np.cumsum([at, *lengths[:-1]]) if count else 0
-                at += sum(lengths)
+                np.cumsum(lengths, out=spans[:, 0])
+                spans[:, 0] += at - lengths
+                at += sum(map(len, words))
                 blob.extend(words)
                 parts.append(spans.tobytes())
         return b"".join(parts), b"".join(blob)
@@ -124,25 +129,26 @@ def _packing(signature_name: str, output_filter: Sequence[str], names: Sequence[
     layout = [_text(signature_name), _varint(len(output_filter)), *map(_text, output_filter), _varint(len(arrays))]
     steps = []
     slot = 0
-    strings = False
     for name, arr in zip(names, arrays):
         if arr.ndim > _MAX_DIMS:
             return None
         count = arr.size
         if arr.dtype.kind in "OSU":
-            out, how, slots = _OUT_STRING, "s", 2 * count
-            strings = True
+            out, step, slots = _OUT_STRING, _STRINGS, 2 * count
         else:
             kind = _KINDS.get(arr.dtype)
             if kind is None:
                 return None
             out, how = kind
-            slots = (count * 4 + 7) // 8 if how == "f4" else count
+            if how == "f4":
+                step, slots = (_PAD if count & 1 else _RAW), (count + 1) // 2
+            else:
+                step, slots = (_RAW if arr.dtype in (_I8, _F8) else _WIDEN), count
         layout += [_text(name), _varint(out), _varint(arr.ndim), *map(_varint, arr.shape), _varint(slot),
                    _varint(count)]
-        steps.append((how, count))
+        steps.append(step)
         slot += slots
-    return _Packing(b"".join(layout), tuple(steps), strings)
+    return _Packing(b"".join(layout), tuple(steps))
 
 
 def _same_arrays(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> bool:
@@ -326,7 +332,7 @@ class NativePredict:
             arrays = [v if type(v) is np.ndarray else np.asarray(v) for v in inputs.values()]
             signature = signature_name or ""
             wanted = tuple(output_filter) if output_filter else ()
-            key = (signature, wanted, tuple((a.dtype, a.shape) for a in arrays), names)
+            key = (signature, wanted, names, *[(a.dtype, a.shape) for a in arrays])
         except (TypeError, ValueError):
             return None   # the Python route says what is wrong with it
         packing = self._packings.get(key, _NO_PACKING)

@@ -330,5 +330,7 @@ def test_threads_get_exact_answers(demo_processor: Processor, demo: DemoModel, p
                 _assert_same(processor.predict(inputs), want)
 
     Threads([lambda o=o: worker(o) for o in range(4)], "predict").join(WAIT)
-    # Every request but each shape's first is served natively.
-    assert _served(demo_processor) + _served(plain_processor) - before >= 4 * 3 * len(cases) - len(cases)
+    # Every request is served natively but the first of each request shape on each thread
+    # (at worst: threads meeting a new shape at once each miss its route).
+    shapes = {(id(processor), next(iter(inputs.values())).shape[0]) for processor, inputs, _ in cases}
+    assert _served(demo_processor) + _served(plain_processor) - before >= 4 * 3 * len(cases) - 4 * len(shapes)
