@@ -27,6 +27,7 @@ import ctypes
 import logging
 import threading
 import weakref
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,39 @@ def _text(s: str) -> bytes:
 _RAW, _PAD, _WIDEN, _STRINGS = range(4)
 
 
+_BYTES = {bytes}
+_TEXT = {bytes, str}
+_FEW = 32   # strings spanned in a Python loop; more with numpy
+
+
+def _utf8(words: list[Any]) -> list[bytes] | None:
+    """The strings' bytes (str as UTF-8); None when one is neither str nor bytes."""
+    types = set(map(type, words))
+    if types <= _BYTES:
+        return words
+    if not types <= _TEXT:
+        return None
+    return [w if type(w) is bytes else w.encode() for w in words]
+
+
+def _spans(words: list[bytes], at: int) -> tuple[bytes, int]:
+    """(start, length) of each word laid back to back from offset `at`, as int64 pairs, and
+    the offset after the last."""
+    if len(words) <= _FEW:
+        flat: list[int] = []
+        for word in words:
+            flat += (at, len(word))
+            at += len(word)
+        return array("q", flat).tobytes(), at
+    lengths = np.fromiter(map(len, words), _I8, len(words))
+    spans = np.empty((len(words), 2), _I8)
+    np.cumsum(lengths, out=spans[:, 0])
+    end = at + int(spans[-1, 0])
+    spans[:, 0] += at - lengths
+    spans[:, 1] = lengths
+    return spans.tobytes(), end
+
+
 class _Packing:
     """How one request shape becomes a layout and a values buffer."""
 
@@ -107,18 +141,12 @@ class _Packing:
             elif step == _WIDEN:
                 parts.append(arr.astype(_I8).tobytes())
             else:
-                words = [w if type(w) is bytes else w.encode() if type(w) is str else None
-                         for w in arr.ravel().tolist()]
-                if None in words:
+                words = _utf8(arr.ravel().tolist())
+                if words is None:
                     return None
-                lengths = np.fromiter(map(len, words), _I8, len(words))
-                spans = np.empty((len(words), 2), _I8)
-                spans[:, 1] = lengths
-                np.cumsum(lengths, out=spans[:, 0])
-                spans[:, 0] += at - lengths
-                at += sum(map(len, words))
+                spans, at = _spans(words, at)
                 blob.extend(words)
-                parts.append(spans.tobytes())
+                parts.append(spans)
         return b"".join(parts), b"".join(blob)
 
 

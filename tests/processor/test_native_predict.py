@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from benchmarks.models import build_plain_dlrm
+from benchmarks.models import build_plain_dlrm, build_string_keyed
 from recserve import Processor
 from recserve.errors import RecserveError
 from recserve.export import write_model_dir
@@ -120,8 +120,8 @@ def test_output_filters_signature_names_lists_and_every_wire_dtype_are_native(
                 for name, value in demo.sample_inputs(5, rng).items()}
     _assert_native(demo_processor, as_lists)
     for strings in (np.array(["Beijing", "北京", "nowhere"]), np.array([b"Beijing", b"x\x00y", b""]),
-                    ["Beijing", b"Shanghai", ""]):
-        inputs = demo.sample_inputs(3, rng)
+                    ["Beijing", b"Shanghai", ""], np.array(["Beijing", b"Shanghai", "", "東京", b"\xff\xfe"] * 20, dtype=object)):
+        inputs = demo.sample_inputs(len(strings), rng)
         inputs["city"] = strings
         _assert_native(demo_processor, inputs)
 
@@ -334,3 +334,23 @@ def test_threads_get_exact_answers(demo_processor: Processor, demo: DemoModel, p
     # (at worst: threads meeting a new shape at once each miss its route).
     shapes = {(id(processor), next(iter(inputs.values())).shape[0]) for processor, inputs, _ in cases}
     assert _served(demo_processor) + _served(plain_processor) - before >= 4 * 3 * len(cases) - 4 * len(shapes)
+
+
+def test_string_keyed_inputs_are_native_and_equal_the_reference(tmp_path: Path) -> None:
+    """Five string inputs (hash buckets, XXH64, vocabularies with OOV buckets, ragged tags):
+    each request's strings laid back to back in one buffer."""
+    model = build_string_keyed(tmp_path, output_features=True)
+    processor = Processor(model.config())
+    try:
+        reference = Reference(model.model_dir, model.checkpoint_dir)
+        rng = np.random.default_rng(14)
+        for batch in (1, 5, 40, 64):
+            inputs = model.sample(batch, rng)
+            got = _assert_native(processor, inputs)
+            np.testing.assert_array_equal(got["features"], reference.predict(inputs)["features"])
+            as_text = {name: np.array([w.decode("utf-8", "replace") for w in value.ravel().tolist()],
+                                      dtype=object).reshape(value.shape)
+                       if value.dtype == object else value for name, value in inputs.items()}
+            _assert_native(processor, as_text)
+    finally:
+        processor.close()
