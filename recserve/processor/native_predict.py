@@ -432,4 +432,6 @@ class NativePredict:
                 servable.route(parsed)
             except RecserveError:
                 pass   # the Python route raises it for this request again, with its message
+            except Exception:   # a bug: logged; the Python route answers the request
+                log.exception("native predict: building the route of a layout failed")
 

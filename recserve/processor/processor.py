@@ -179,7 +179,10 @@ class Processor:
         """Outputs keyed by alias (or by the name used in `outputs`); raises RecserveError."""
         # The native route first (native_predict): the same answer without the Python route,
         # or None for anything it does not serve (errors included).
-        answer = self._native_predict.predict(inputs, outputs, signature_name, trace)
+        try:
+            answer = self._native_predict.predict(inputs, outputs, signature_name, trace)
+        except Exception as exc:
+            raise self._bug("predict", exc) from exc
         if answer is not None:
             return answer
         with self._manager.acquire() as servable:
