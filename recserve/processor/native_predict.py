@@ -180,7 +180,7 @@ def _packing(signature_name: str, output_filter: Sequence[str], names: Sequence[
 
 
 def _same_arrays(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> bool:
-    if list(got) != list(want):
+    if sorted(got) != sorted(want):
         return False
     for name, arr in want.items():
         mine = got[name]
@@ -194,6 +194,16 @@ def _same_arrays(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) 
     return True
 
 
+def _as_wire(arr: np.ndarray) -> np.ndarray:
+    """`arr` as the parser gives it back: strings an object array of bytes (str as UTF-8)."""
+    if arr.dtype.kind not in "OSU":
+        return arr
+    words = [w.encode() if isinstance(w, str) else w for w in arr.ravel().tolist()]
+    out = np.empty(len(words), object)
+    out[:] = words
+    return out.reshape(arr.shape)
+
+
 def _request_bytes(signature_name: str, output_filter: Sequence[str], names: Sequence[str],
                    arrays: Sequence[np.ndarray]) -> bytes:
     return codec.encode_request(dict(zip(names, arrays)), signature_name, output_filter)
@@ -202,7 +212,8 @@ def _request_bytes(signature_name: str, output_filter: Sequence[str], names: Seq
 def _checked(packing: _Packing, signature_name: str, output_filter: Sequence[str], names: Sequence[str],
              arrays: Sequence[np.ndarray]) -> bool:
     """Whether the C parser, given these arrays as PredictRequest bytes, leaves the same layout
-    and values as `packing` does (a recserve bug otherwise: logged, and the shape stays in Python)."""
+    and values as `packing` does, and arrays equal to these (a recserve bug otherwise: logged,
+    and the shape stays in Python)."""
     try:
         parsed = codec.parse_request(_request_bytes(signature_name, output_filter, names, arrays))
     except RecserveError:
@@ -216,7 +227,10 @@ def _checked(packing: _Packing, signature_name: str, output_filter: Sequence[str
     from recserve.wire._codec_native import _arrays
 
     mine = np.frombuffer(values, _I8).copy()
-    if parsed.layout != packing.layout or not _same_arrays(_arrays(mine, data, parsed.recipe), parsed.inputs()):
+    wire = parsed.inputs()
+    given = {name: _as_wire(arr) for name, arr in zip(names, arrays)}
+    if (parsed.layout != packing.layout or not _same_arrays(_arrays(mine, data, parsed.recipe), wire)
+            or not _same_arrays(wire, given)):
         log.error("native predict: the packing of a request shape differs from the C parser's (a recserve bug); "
                   "requests of that shape take the Python route")
         return False

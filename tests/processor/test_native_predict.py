@@ -32,6 +32,14 @@ pytestmark = pytest.mark.skipif(codec._native is None or native_predict._process
 WAIT = 60.0  # seconds: every wait below has this bound
 
 
+@pytest.fixture(autouse=True)
+def _no_packing_bugs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """A packing the C parser disagrees with, or a route build failing, is logged as a bug:
+    none may happen here (it would also send the shape to the Python route silently)."""
+    yield
+    assert not [r.getMessage() for r in caplog.records if r.getMessage().startswith("native predict:")]
+
+
 def _python_predict(processor: Processor, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None,
                     signature_name: str | None = None) -> dict[str, np.ndarray]:
     """The spec: the Python route (Servable.predict) on the current version."""
