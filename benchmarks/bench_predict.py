@@ -37,7 +37,14 @@ of {WINDOW} s each, rotating which goes first); the figure is the process's CPU 
 call (time.process_time: wall time on a loaded machine mostly measures the other agents),
 the median window's.
 Outputs are checked equal first. The machine is shared with other agents (load average in
-each row's name): compare the ratios, not the absolute figures."""
+each row's name): compare the ratios, not the absolute figures.
+Why this hand-off: the bytes way round (the PredictRequest encoder of today, then the
+native `process`, then `decode_response`) already beats the Python route at batch 1 on
+the demo but loses on the 27-input DLRM model (encode_request builds protobuf objects for
+int64 and string inputs); handing the C route the parser's own layout and values buffer
+skips both the encoding and the parse (values packed by one `tobytes` per input, strings
+spanned into one buffer), and float outputs are read from the response bytes by a plan
+cached per layout (integer/bool outputs by the generated parser)."""
 
 
 def _per_call(fn: Callable[[], Any]) -> float:
