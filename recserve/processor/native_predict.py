@@ -63,13 +63,7 @@ _I8, _F8 = np.dtype(np.int64), np.dtype(np.float64)
 _PAD4 = b"\0\0\0\0"
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_varint = codec._varint
 
 
 def _text(s: str) -> bytes:
