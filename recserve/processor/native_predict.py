@@ -369,9 +369,9 @@ class NativePredict:
             signature = signature_name or ""
             wanted = tuple(output_filter) if output_filter else ()
             key = (signature, wanted, names, *[(a.dtype, a.shape) for a in arrays])
+            packing = self._packings.get(key, _NO_PACKING)
         except (TypeError, ValueError):
             return None   # the Python route says what is wrong with it
-        packing = self._packings.get(key, _NO_PACKING)
         if packing is _NO_PACKING:
             packing = self._new_packing(key, signature, wanted, names, arrays)
         if packing is None:
@@ -401,6 +401,8 @@ class NativePredict:
             reader = self._outputs[layout] = _Outputs.plan(response)
         outputs = reader.read(response) if reader is not None else None
         if outputs is None:
+            if reader is not None:
+                self._outputs.pop(layout, None)   # other shapes than before (a new version): plan again
             outputs = _read_any(response)
         if trace is not None:
             _fill_trace(trace, call.info)

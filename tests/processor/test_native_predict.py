@@ -234,7 +234,8 @@ def test_the_plain_dlrm_model_is_native_and_equals_onnxruntime(plain_processor: 
 @pytest.fixture(scope="module")
 def dtypes_processor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processor]:
     """A plain ONNX model (no tables) of every dense dtype the native route feeds, with
-    outputs of every dtype the native encoder writes."""
+    outputs of every dtype the native encoder writes, and one whose shape depends on the
+    values (`picked`: the rows of f where t is true)."""
     b = "B"
     graph = helper.make_graph(
         [helper.make_node("Mul", ["f", "f"], ["f2"]),
@@ -245,7 +246,8 @@ def dtypes_processor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proce
          helper.make_node("Sum", ["i_f", "l_f", "t_f"], ["s"]),
          helper.make_node("Add", ["l", "l"], ["l2"]),
          helper.make_node("Add", ["i", "i"], ["i2"]),
-         helper.make_node("Not", ["t"], ["t2"])],
+         helper.make_node("Not", ["t"], ["t2"]),
+         helper.make_node("Compress", ["f", "t"], ["picked"], axis=0)],
         "dtypes",
         [helper.make_tensor_value_info("f", TensorProto.FLOAT, [b, 2]),
          helper.make_tensor_value_info("d", TensorProto.DOUBLE, [b, 2]),
@@ -257,7 +259,8 @@ def dtypes_processor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proce
          helper.make_tensor_value_info("s", TensorProto.FLOAT, [b]),
          helper.make_tensor_value_info("l2", TensorProto.INT64, [b]),
          helper.make_tensor_value_info("i2", TensorProto.INT32, [b]),
-         helper.make_tensor_value_info("t2", TensorProto.BOOL, [b])],
+         helper.make_tensor_value_info("t2", TensorProto.BOOL, [b]),
+         helper.make_tensor_value_info("picked", TensorProto.FLOAT, ["K", 2])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     root = tmp_path_factory.mktemp("dtypes")
@@ -291,6 +294,19 @@ def test_a_plain_onnx_model_of_every_native_dtype_equals_onnxruntime(dtypes_proc
         _assert_same(got, dict(zip(got, session.run(list(got), inputs))))
         _assert_native(dtypes_processor, inputs, ["l2", "f2"])
         _assert_native(dtypes_processor, inputs, ["t2", "s", "i2:0"])
+
+
+def test_outputs_whose_shape_changes_within_a_layout_are_exact(dtypes_processor: Processor) -> None:
+    rng = np.random.default_rng(15)
+    for outputs in (["picked"], ["picked", "f2"]):
+        dtypes_processor.predict(_dtypes_request(4, rng), outputs)   # the layouts' routes
+    for picked in ([1, 0, 0, 1], [1, 1, 1, 1], [0, 1, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]):
+        inputs = {**_dtypes_request(4, rng), "t": np.array(picked, np.bool_)}
+        for outputs in (["picked"], ["picked", "f2"]):
+            want = _python_predict(dtypes_processor, inputs, outputs)
+            before = _served(dtypes_processor)
+            _assert_same(dtypes_processor.predict(inputs, outputs), want)
+            assert _served(dtypes_processor) == before + 1
 
 
 def test_edge_shapes_answer_as_the_python_route(dtypes_processor: Processor, monkeypatch: pytest.MonkeyPatch) -> None:
