@@ -1071,3 +1071,5 @@ int rs_route_process_tfs(rs_route_slot* slot, const uint8_t* data, int64_t size,
                          int64_t* out_size, int64_t* info) {
     return process(WIRE_TFS, slot, data, size, out, out_size, info);
 }
+
+#include "route_values.inc"
