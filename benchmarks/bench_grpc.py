@@ -26,7 +26,7 @@ from recserve.wire.codec import encode_request
 from recserve.wire.tfserving_codec import encode_predict_request
 
 ROOT = Path(__file__).resolve().parent.parent
-THREADS, SECONDS, ROUNDS = 4, 4.0, 2
+THREADS, SECONDS, ROUNDS = 4, 4.0, 3
 TFS_ROUNDS = 4
 METHOD = "/tensorflow.eas.PredictionService/Predict"
 TFS_METHOD = "/tensorflow.serving.PredictionService/Predict"
@@ -184,11 +184,11 @@ def _refusal_cpu(root: Path, config: dict[str, object], body: bytes, answer: Pat
 def run() -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="recserve-bench-grpc-"))
     demo = write_demo(root / "demo")
-    http_port, grpc_port, peer_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, peer_port, bare_port = free_port(), free_port(), free_port(), free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
          str(demo.config_path), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
-    peer = None
+    peer = bare = None
     rows: list[Row] = []
     try:
         wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
@@ -200,15 +200,20 @@ def run() -> list[Row]:
             (root / "answer.bin").write_bytes(answer)
             peer = subprocess.Popen([sys.executable, "-m", "benchmarks.peers.grpc_fixed", str(peer_port),
                                      str(WORKERS), str(root / "answer.bin")], cwd=ROOT, stdout=subprocess.PIPE)
-            assert peer.stdout is not None and peer.stdout.readline().strip() == b"ready"
-            (ours, handler), floor = (float("inf"), 0.0), float("inf")
+            bare = subprocess.Popen([sys.executable, "-m", "benchmarks.peers.grpc_processor", str(bare_port),
+                                     str(WORKERS), str(demo.config_path)], cwd=ROOT, stdout=subprocess.PIPE)
+            for started in (peer, bare):
+                assert started.stdout is not None and started.stdout.readline().strip() == b"ready"
+            (ours, handler), floor, least = (float("inf"), 0.0), float("inf"), float("inf")
             for _ in range(ROUNDS):
                 ours, handler = min((ours, handler), _cpu_per_call(
                     server.pid, f"127.0.0.1:{grpc_port}", body, f"http://127.0.0.1:{http_port}"))
                 floor = min(floor, _cpu_per_call(peer.pid, f"127.0.0.1:{peer_port}", body)[0])
-            peer.terminate()
-            peer.wait(30)
-            peer = None
+                least = min(least, _cpu_per_call(bare.pid, f"127.0.0.1:{bare_port}", body)[0])
+            for started in (peer, bare):
+                started.terminate()
+                started.wait(30)
+            peer = bare = None
             tfs_body = encode_predict_request(demo.sample_inputs(batch, np.random.default_rng(batch)), "default")
             eas, tfs = (float("inf"), float("inf")), (float("inf"), float("inf"))
             for _ in range(TFS_ROUNDS):
@@ -234,6 +239,12 @@ def run() -> list[Row]:
                 "servicer around it) / a minimal grpcio server's CPU per call",
                 f"{added * 1e6:.0f} us", f"grpcio floor {floor * 1e6:.0f} us", added / floor, "<= 1.2",
                 added / floor <= 1.2))
+            rows.append(Row(
+                f"gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call minus in-process / the "
+                "same of a minimal grpcio server calling Processor.process in its handler (benchmarks/peers/"
+                f"grpc_processor.py: {least * 1e6:.0f} us a call, {(least - inside) / floor:.2f}x the floor)",
+                f"{added * 1e6:.0f} us", f"grpcio + Processor {(least - inside) * 1e6:.0f} us",
+                added / (least - inside), "", None))
         processor.close()
         small = root / "small_answer.bin"
         small.write_bytes(b"\0" * 64)
@@ -241,7 +252,7 @@ def run() -> list[Row]:
                                  encode_request(demo.sample_inputs(1, np.random.default_rng(1))), small))
         return rows
     finally:
-        for proc in (server, peer):
+        for proc in (server, peer, bare):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)
