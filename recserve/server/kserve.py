@@ -297,6 +297,11 @@ def decode_http_request(body: bytes, header_length: int | None, version: str = "
     )
 
 
+# json.dumps(doc, separators=(",", ":")) makes a new encoder per call when given any option:
+# one made once writes the same bytes.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def _json_values(array: np.ndarray) -> list[Any]:
     flat = array.ravel()
     if flat.dtype == object or flat.dtype.kind in "SU":
@@ -323,7 +328,7 @@ def encode_http_response(
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": specs}
     if call.id:
         doc["id"] = call.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = _COMPACT_JSON.encode(doc).encode()
     if not raw_parts:
         return head, None
     return head + b"".join(raw_parts), len(head)
