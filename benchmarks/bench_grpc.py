@@ -67,17 +67,30 @@ in grpcio's own Python. Against the minimal grpcio server answering 64 fixed byt
 request), alternated, lower of {ROUNDS} rounds. The limit is the server's, not one model's:
 gRPC's per-model admission is this sum (see docs/server.md, Admission).
 
-Issue 25 (two runs minutes apart, at commits d8d4754 and ebd86cb, load average 4-6):
-beyond `Processor.process` EAS Predict cost 352 / 463 us against the floor's 260 / 332 us
-at batch 1 (1.35x / 1.40x; 1.90x in the run of commit 8e10a04) and 365 / 452 us against
-296 / 288 us at batch 64 (1.23x / 1.57x). The metrics (local_metrics), the lease and the
-native route's trace fill got cheaper; `Processor.process` itself fell from 106 to 12-15 us
-with the native route (DESIGN §10), so the handler's own overhead now dominates it (71-107
-us in the handler against 12-15 us in a loop: cold caches and the GIL handed between grpcio's
-threads), and 296-384 us go to grpcio and the servicer around the handler against the
-floor's 252-332 us for all of its work. Not met: what is left is inside grpcio's Python
-server per call, which recserve shares with the floor; the next step is measuring a
-grpc.aio server calling the native route without the executor hop."""
+Issue 25, earlier (two runs at commits d8d4754 and ebd86cb, load average 4-6): beyond
+`Processor.process` EAS Predict cost 352 / 463 us against the floor's 260 / 332 us at batch 1
+(1.35x / 1.40x) and 365 / 452 us against 296 / 288 us at batch 64 (1.23x / 1.57x).
+
+Issue 25, where the rest goes (2026-11-26, two runs of this section at commits b4c99fa and
+the next, load average 6-15 from other agents): the third server in the rounds
+(benchmarks/peers/grpc_processor.py) is grpcio's sync server whose handler only calls
+`Processor.process` and sets the same trailing metadata. Beyond the in-process
+`Processor.process` it cost 1.29-1.40x the floor, and recserve 1.05-1.17x of it (recserve
+1.49-1.51x the floor at batch 1, 1.35-1.47x at batch 64). So most of what recserve adds
+beyond the floor is `Processor.process` running in grpcio's worker threads (12 us in a loop,
+~90 us more there: its code and data cold between calls, threads handed the GIL), which any
+servicer calling it from grpcio's handler pays; the servicer's own work (model lookup, lease,
+metrics, deadline, warmup recording: ~13 us a call in a loop) is the 5-17% above it. Tried,
+measured the same way, interleaved, batch 1: the native route's call with the GIL kept
+(ctypes.PyDLL, an experiment) 1.42x the floor against 1.30x releasing it; a grpc.aio server
+calling `Processor.process` on its uvloop event loop 343 us a call against the sync floor's
+256 us (1.29x beyond in-process, as the sync grpc_processor's), 390 us on asyncio's own loop;
+on the floor, the options recserve's server sets (maximum_concurrent_rpcs, the trailing
+metadata, reading invocation_metadata and time_remaining, registered method handlers) each
+moved its CPU per call by less than run-to-run noise (213-240 us against 217 us). Not met:
+1.2x the floor is below what `Processor.process` alone costs inside grpcio's sync or aio
+server on this machine; what is left is the Processor's own cost in those threads (the
+native route, outside this issue's files) and grpcio's per-call Python."""
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes, metrics: str | None = None,

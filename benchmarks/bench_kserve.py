@@ -33,9 +33,28 @@ The same KServe v2 JSON body (`{{"inputs": [...]}}`, FP32 and INT64 data lists) 
 median kept. Outputs of both checked equal (within 1e-5) before timing. Each row also gives
 both servers' CPU per request (/proc/<pid>/stat of the process tree over the requests wrk
 completed; median of the rounds): on this shared 2-core machine the peer's requests/s moved
-up to 3x between runs minutes apart (391-1,316 req/s at batch 1, load average 6-10), while
-its CPU per request stayed within ~10% (661-708 us), so the CPU ratio is the steadier
-comparison."""
+up to 3x between runs minutes apart (391-1,316 req/s at batch 1, load average 5-10), while
+its CPU per request stayed within 661-855 us, so the CPU ratio is the steadier comparison.
+
+Issue 25 (2026-11-26): the JSON decode converts the inputs of one datatype with one np.array
+and gives each a view of it, and checks the usual input (name, shape, datatype, a flat data
+list) in fewer steps (recserve/server/kserve.py); the answer's compact JSON encoder is made
+once. In-process, side by side, load average 4-7: decode 81-111 -> 35-58 us at batch 1 (27
+inputs), 254-259 -> 213-246 us at batch 64. Server CPU per request, the tree before (commit
+8a8f8c0) and after served side by side and alternated with the peer, 3-4 rounds, load
+average 5-8: batch 1 285-317 -> 271-291 us (peer 661-755 us), batch 64 1,022-1,330 ->
+953-1,104 us (peer 1,716-2,062 us); requests/s / peer at batch 1, medians of the same
+rounds: 2.26x -> 2.40x. This section's run says 2.42x (CPU 2.70x); a run of it minutes
+earlier said 3.38x (recserve 2,532 req/s there against 1,794 here, the peer 749 against 743).
+Not met: at batch 1 recserve spends 2.4-2.7x less CPU per request than the peer, and its
+requests/s follow when the machine lets them; a steady 3x needs ~50 us less a request. What
+is left: `Processor.predict` on the decoded arrays (signature checks, feeds, run: ~105 us
+in-process, of the server's ~270-320 us a request) and the HTTP front end around the handler
+(61-74 us against a bare uvicorn app's 29-32 us, bench_merging). The native route (12-15 us
+a batch-1 request in-process) takes EAS bytes; encoding this request's arrays as a
+PredictRequest in Python (`encode_request`) costs more than `Processor.predict` itself
+(256-263 us against 234-258 us, measured together on the loaded machine), so that path
+needs a native encoder or a ParsedRequest made from the decoded arrays."""
 
 
 def _body(inputs: dict[str, np.ndarray]) -> bytes:
