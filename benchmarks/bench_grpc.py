@@ -71,16 +71,18 @@ Issue 25, earlier (two runs at commits d8d4754 and ebd86cb, load average 4-6): b
 `Processor.process` EAS Predict cost 352 / 463 us against the floor's 260 / 332 us at batch 1
 (1.35x / 1.40x) and 365 / 452 us against 296 / 288 us at batch 64 (1.23x / 1.57x).
 
-Issue 25, where the rest goes (2026-11-26, two runs of this section at commits b4c99fa and
-the next, load average 6-15 from other agents): the third server in the rounds
-(benchmarks/peers/grpc_processor.py) is grpcio's sync server whose handler only calls
-`Processor.process` and sets the same trailing metadata. Beyond the in-process
-`Processor.process` it cost 1.29-1.40x the floor, and recserve 1.05-1.17x of it (recserve
-1.49-1.51x the floor at batch 1, 1.35-1.47x at batch 64). So most of what recserve adds
-beyond the floor is `Processor.process` running in grpcio's worker threads (12 us in a loop,
-~90 us more there: its code and data cold between calls, threads handed the GIL), which any
-servicer calling it from grpcio's handler pays; the servicer's own work (model lookup, lease,
-metrics, deadline, warmup recording: ~13 us a call in a loop) is the 5-17% above it. Tried,
+Issue 25, where the rest goes (2026-11-26, three runs of this section at commits b4c99fa,
+67b792e and the one recorded above, load average 6-15 from other agents): the third server in
+the rounds (benchmarks/peers/grpc_processor.py) is grpcio's sync server whose handler only
+calls `Processor.process` and sets the same trailing metadata. Beyond the in-process
+`Processor.process` it cost 1.16-1.40x the floor at batch 1 and 1.29-1.51x at batch 64, and
+recserve 1.05-1.19x of it (recserve 1.38-1.51x the floor at batch 1, 1.35-1.60x at batch 64).
+So most of what recserve adds beyond the floor is `Processor.process` running in grpcio's
+worker threads (12 us in a loop, ~90 us more there: its code and data cold between calls,
+threads handed the GIL), which any servicer calling it from grpcio's handler pays; the
+servicer's own work (model lookup, lease, metrics, deadline, warmup recording: ~10-13 us a
+call in a loop; the last run with the per-request metrics recorded in one call,
+local_metrics.RequestRecorder, ~3 us less) is the 5-19% above it. Tried,
 measured the same way, interleaved, batch 1: the native route's call with the GIL kept
 (ctypes.PyDLL, an experiment) 1.42x the floor against 1.30x releasing it; a grpc.aio server
 calling `Processor.process` on its uvloop event loop 343 us a call against the sync floor's
@@ -88,9 +90,10 @@ calling `Processor.process` on its uvloop event loop 343 us a call against the s
 on the floor, the options recserve's server sets (maximum_concurrent_rpcs, the trailing
 metadata, reading invocation_metadata and time_remaining, registered method handlers) each
 moved its CPU per call by less than run-to-run noise (213-240 us against 217 us). Not met:
-1.2x the floor is below what `Processor.process` alone costs inside grpcio's sync or aio
-server on this machine; what is left is the Processor's own cost in those threads (the
-native route, outside this issue's files) and grpcio's per-call Python."""
+`Processor.process` alone inside grpcio's sync server costs about the goal or more
+(1.16-1.51x the floor in these runs; the aio server no less); what is left is the
+Processor's own cost in those threads (the native route, outside this issue's files),
+grpcio's per-call Python, and the servicer's ~10 us."""
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes, metrics: str | None = None,
