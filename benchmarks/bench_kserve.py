@@ -39,17 +39,19 @@ its CPU per request stayed within 661-855 us, so the CPU ratio is the steadier c
 Issue 25 (2026-11-26): the JSON decode converts the inputs of one datatype with one np.array
 and gives each a view of it, and checks the usual input (name, shape, datatype, a flat data
 list) in fewer steps (recserve/server/kserve.py); the answer's compact JSON encoder is made
-once. In-process, side by side, load average 4-7: decode 81-111 -> 35-58 us at batch 1 (27
+once; a request's metrics are recorded in one call (local_metrics.RequestRecorder).
+In-process, side by side, load average 4-7: decode 81-111 -> 35-58 us at batch 1 (27
 inputs), 254-259 -> 213-246 us at batch 64. Server CPU per request, the tree before (commit
-8a8f8c0) and after served side by side and alternated with the peer, 3-4 rounds, load
-average 5-8: batch 1 285-317 -> 271-291 us (peer 661-755 us), batch 64 1,022-1,330 ->
-953-1,104 us (peer 1,716-2,062 us); requests/s / peer at batch 1, medians of the same
-rounds: 2.26x -> 2.40x. This section's run says 2.42x (CPU 2.70x); a run of it minutes
-earlier said 3.38x (recserve 2,532 req/s there against 1,794 here, the peer 749 against 743).
-Not met: at batch 1 recserve spends 2.4-2.7x less CPU per request than the peer, and its
-requests/s follow when the machine lets them; a steady 3x needs ~50 us less a request. What
-is left: `Processor.predict` on the decoded arrays (signature checks, feeds, run: ~105 us
-in-process, of the server's ~270-320 us a request) and the HTTP front end around the handler
+8a8f8c0) and after served side by side and alternated with the peer, 3-4 rounds a run,
+load average 4-8: batch 1 285-317 -> 271-291 us (decode and encoder only) and 275-332 ->
+251-284 us (with the metrics; peer 661-755 us), batch 64 1,022-1,330 -> 953-1,104 us (peer
+1,716-2,062 us); requests/s / peer at batch 1, medians of the same rounds: 2.26x -> 2.40x,
+2.49x -> 2.60x. Three runs of this section: 3.38x, 2.42x and 2.19x requests/s (CPU per
+request 2.70x and 3.21x in the last two; recserve 2,532, 1,794, 1,934 req/s, the peer 749,
+743, 885). Not met: at batch 1 recserve spends 2.5-3.2x less CPU per request than the
+peer, and its requests/s follow when the machine lets them; a steady 3x needs ~30-50 us less
+a request. What is left: `Processor.predict` on the decoded arrays (signature checks, feeds,
+run: ~105 us in-process, of the server's ~250-320 us a request) and the HTTP front end around the handler
 (61-74 us against a bare uvicorn app's 29-32 us, bench_merging). The native route (12-15 us
 a batch-1 request in-process) takes EAS bytes; encoding this request's arrays as a
 PredictRequest in Python (`encode_request`) costs more than `Processor.predict` itself
