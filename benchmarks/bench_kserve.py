@@ -38,7 +38,7 @@ its CPU per request stayed within 661-855 us, so the CPU ratio is the steadier c
 
 Issue 25 (2026-11-26): the JSON decode converts the inputs of one datatype with one np.array
 and gives each a view of it, and checks the usual input (name, shape, datatype, a flat data
-list) in fewer steps (recserve/server/kserve.py); the answer's compact JSON encoder is made
+list) in fewer steps (recserve/wire/kserve_json.py); the answer's compact JSON encoder is made
 once; a request's metrics are recorded in one call (local_metrics.RequestRecorder).
 In-process, side by side, load average 4-7: decode 81-111 -> 35-58 us at batch 1 (27
 inputs), 254-259 -> 213-246 us at batch 64. Server CPU per request, the tree before (commit

@@ -1,4 +1,4 @@
-"""KServe v2 JSON request decoding: inputs converted together by datatype (kserve._ListedInputs)
+"""KServe v2 JSON request decoding: inputs converted together by datatype (kserve_json._ListedInputs)
 decode to the same arrays, dtypes, shapes and order as each converted on its own, and a bad
 input among them is named as before."""
 
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from recserve.errors import RequestError
-from recserve.server import kserve
+from recserve.wire import kserve_json
+from recserve.wire.kserve_datatypes import DATATYPE_NUMPY
 
 
 def _decode(inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    return kserve.decode_http_request(json.dumps({"inputs": inputs}).encode(), None).inputs
+    return kserve_json.decode_http_request(json.dumps({"inputs": inputs}).encode(), None).inputs
 
 
 def _alone(spec: dict[str, Any]) -> np.ndarray:
@@ -74,9 +75,9 @@ def test_a_name_given_twice_keeps_the_last():
     ({"name": "x", "shape": [True, 2], "datatype": "FP32", "data": [1, 2]},  # answered 500 before (numpy's TypeError)
      "input 'x': shape must be a list of integers >= 0, got [True, 2]"),
     ({"name": "x", "shape": [1], "datatype": "FP16X", "data": [1]},
-     "input 'x': datatype 'FP16X' is not supported; supported: " + ", ".join(kserve.DATATYPE_NUMPY)),
+     "input 'x': datatype 'FP16X' is not supported; supported: " + ", ".join(DATATYPE_NUMPY)),
     ({"name": "x", "shape": [1], "data": [1], "extra": 1},
-     "input 'x': datatype is missing; supported: " + ", ".join(kserve.DATATYPE_NUMPY)),
+     "input 'x': datatype is missing; supported: " + ", ".join(DATATYPE_NUMPY)),
     ({"name": "x", "shape": [1], "datatype": "INT64"}, "input 'x' has neither data nor parameters.binary_data_size"),
     ({"shape": [1], "datatype": "INT64", "data": [1], "nam": "x"},
      'each input needs "name", "shape", "datatype" and "data" (or binary_data_size)'),
