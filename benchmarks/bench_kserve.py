@@ -30,8 +30,11 @@ server (kserve from PyPI, in .venv-peers, `make peers`) with an onnxruntime Infe
 in a `kserve.Model` (benchmarks/peers/kserve_onnx.py; no access log, no latency logging).
 The same KServe v2 JSON body (`{{"inputs": [...]}}`, FP32 and INT64 data lists) posted by
 `wrk -t1 -c16` for {SECONDS} s per run after a 2 s warmup, {ROUNDS} alternating rounds, the
-median kept. Outputs of both checked equal (within 1e-5) before timing. Each row also gives
-both servers' CPU per request (/proc/<pid>/stat of the process tree over the requests wrk
+median kept. Outputs of both checked equal (within 1e-5) before timing. A third server,
+recserve with RECSERVE_NATIVE_ROUTE=0 (predict on the Python route, as before
+recserve.processor.native_predict), runs in the same rounds: its rate is in each row's
+name. The machine is shared with other agents: compare ratios. Each row also gives
+the servers' CPU per request (/proc/<pid>/stat of the process tree over the requests wrk
 completed; median of the rounds): on this shared 2-core machine the peer's requests/s moved
 up to 3x between runs minutes apart (391-1,316 req/s at batch 1, load average 5-10), while
 its CPU per request stayed within 661-855 us, so the CPU ratio is the steadier comparison.
@@ -56,7 +59,8 @@ run: ~105 us in-process, of the server's ~250-320 us a request) and the HTTP fro
 a batch-1 request in-process) takes EAS bytes; encoding this request's arrays as a
 PredictRequest in Python (`encode_request`) costs more than `Processor.predict` itself
 (256-263 us against 234-258 us, measured together on the loaded machine), so that path
-needs a native encoder or a ParsedRequest made from the decoded arrays."""
+needs a native encoder or a ParsedRequest made from the decoded arrays (the paragraph's
+measurements predate recserve.processor.native_predict, merged after them)."""
 
 
 def _body(inputs: dict[str, np.ndarray]) -> bytes:
@@ -81,7 +85,7 @@ def run() -> list[Row]:
         # throughput: every request of both is served.
         config.write_text(json.dumps(model.config(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
                                                   max_queue_ms=60_000)))
-        ours_port, peer_port = free_port(), free_port()
+        ours_port, peer_port, python_port = free_port(), free_port(), free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
              "--http-port", str(ours_port), "--grpc-port", str(free_port())], cwd=ROOT))
@@ -89,39 +93,52 @@ def run() -> list[Row]:
             [str(PEER_PYTHON), str(ROOT / "benchmarks" / "peers" / "kserve_onnx.py"), str(model.onnx_path), "plain",
              str(peer_port), str(free_port()), "--configure_logging", "false"], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # recserve with its native route off: Processor.predict on the Python route, as the
+        # KServe handlers served before recserve.processor.native_predict.
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
+             "--http-port", str(python_port), "--grpc-port", str(free_port())], cwd=ROOT,
+            env={**os.environ, "RECSERVE_NATIVE_ROUTE": "0"}))
         ours = f"http://127.0.0.1:{ours_port}/v2/models/default/infer"
         peer = f"http://127.0.0.1:{peer_port}/v2/models/plain/infer"
+        python = f"http://127.0.0.1:{python_port}/v2/models/default/infer"
         wait_ready(f"http://127.0.0.1:{ours_port}/v2/health/ready", procs[0], what="recserve serve", timeout=120)
         wait_ready(f"http://127.0.0.1:{peer_port}/v2/models/plain/ready", procs[1], what="the KServe peer", timeout=120)
+        wait_ready(f"http://127.0.0.1:{python_port}/v2/health/ready", procs[2], what="recserve serve (Python route)",
+                   timeout=120)
         rows = []
         for batch in (1, 64):
             body = _body(model.sample(batch, np.random.default_rng(batch)))
             answers = [httpx.post(url, content=body, headers={"Content-Type": "application/json"}).json()
-                       for url in (ours, peer)]
-            mine, theirs = (np.asarray(a["outputs"][0]["data"], np.float32) for a in answers)
+                       for url in (ours, peer, python)]
+            mine, theirs, before = (np.asarray(a["outputs"][0]["data"], np.float32) for a in answers)
             np.testing.assert_allclose(mine, theirs, atol=1e-5)
+            np.testing.assert_array_equal(mine, before)
             script = post_script(root, body, f"b{batch}", content_type="application/json")
-            rates: dict[str, list[float]] = {ours: [], peer: []}
-            cpu: dict[str, list[float]] = {ours: [], peer: []}  # server CPU per request
-            pids = {ours: procs[0].pid, peer: procs[1].pid}
-            for url in (ours, peer):
+            rates: dict[str, list[float]] = {ours: [], peer: [], python: []}
+            cpu: dict[str, list[float]] = {url: [] for url in rates}  # server CPU per request
+            pids = dict(zip(rates, (proc.pid for proc in procs)))
+            for url in rates:
                 wrk(url, script, threads=1, connections=16, seconds=2)
             loads = []
             for _ in range(ROUNDS):
                 loads.append(f"{os.getloadavg()[0]:.1f}")
-                for url in (ours, peer):
+                for url, measured in rates.items():
                     before = tree_cpu_seconds(pids[url])
                     result = wrk(url, script, threads=1, connections=16, seconds=SECONDS)
                     assert result["non2xx"] == 0, result
-                    rates[url].append(result["requests"] / result["seconds"])
+                    measured.append(result["requests"] / result["seconds"])
                     cpu[url].append((tree_cpu_seconds(pids[url]) - before) / result["requests"])
             mine_rate, peer_rate = float(np.median(rates[ours])), float(np.median(rates[peer]))
-            mine_cpu, peer_cpu = float(np.median(cpu[ours])), float(np.median(cpu[peer]))
+            python_rate = float(np.median(rates[python]))
+            mine_cpu, peer_cpu, python_cpu = (float(np.median(cpu[url])) for url in (ours, peer, python))
             ratio = mine_rate / peer_rate
             rows.append(Row(f"KServe v2 JSON, plain ONNX model, batch {batch}, wrk -c16: recserve / KServe's Python "
-                            f"server (onnxruntime), requests/s (server CPU per request: recserve {mine_cpu * 1e6:.0f} "
-                            f"us, KServe {peer_cpu * 1e6:.0f} us, {peer_cpu / mine_cpu:.2f}x; load average "
-                            f"{', '.join(loads)})", f"{mine_rate:,.0f} req/s", f"{peer_rate:,.0f} req/s",
+                            f"server (onnxruntime), requests/s (recserve with the native route off "
+                            f"{python_rate:,.0f} req/s; server CPU per request: recserve {mine_cpu * 1e6:.0f} us, "
+                            f"KServe {peer_cpu * 1e6:.0f} us ({peer_cpu / mine_cpu:.2f}x), native route off "
+                            f"{python_cpu * 1e6:.0f} us; load average {', '.join(loads)})",
+                            f"{mine_rate:,.0f} req/s", f"{peer_rate:,.0f} req/s",
                             ratio, f">= {GOALS[batch]:g}", ratio >= GOALS[batch]))
         return rows
     finally:
