@@ -51,16 +51,13 @@ load average 4-8: batch 1 285-317 -> 271-291 us (decode and encoder only) and 27
 1,716-2,062 us); requests/s / peer at batch 1, medians of the same rounds: 2.26x -> 2.40x,
 2.49x -> 2.60x. Three runs of this section: 3.38x, 2.42x and 2.19x requests/s (CPU per
 request 2.70x and 3.21x in the last two; recserve 2,532, 1,794, 1,934 req/s, the peer 749,
-743, 885). Not met: at batch 1 recserve spends 2.5-3.2x less CPU per request than the
-peer, and its requests/s follow when the machine lets them; a steady 3x needs ~30-50 us less
-a request. What is left: `Processor.predict` on the decoded arrays (signature checks, feeds,
-run: ~105 us in-process, of the server's ~250-320 us a request) and the HTTP front end around the handler
-(61-74 us against a bare uvicorn app's 29-32 us, bench_merging). The native route (12-15 us
-a batch-1 request in-process) takes EAS bytes; encoding this request's arrays as a
-PredictRequest in Python (`encode_request`) costs more than `Processor.predict` itself
-(256-263 us against 234-258 us, measured together on the loaded machine), so that path
-needs a native encoder or a ParsedRequest made from the decoded arrays (the paragraph's
-measurements predate recserve.processor.native_predict, merged after them)."""
+743, 885): 2.5-3.2x less CPU per request than the peer, short of a steady 3x while
+`Processor.predict` took the Python route (~105 us in-process of the server's ~250-320 us a
+request). With recserve.processor.native_predict merged (main, the predict on the native
+route), the run recorded above (load average 3): 3.37x requests/s and 3.60x CPU per
+request at batch 1 (189 against 680 us; the native route off, with this paragraph's
+changes, 262 us), 2.18x at batch 64: both goals met. What is left around the prediction:
+the HTTP front end (61-74 us against a bare uvicorn app's 29-32 us, bench_merging)."""
 
 
 def _body(inputs: dict[str, np.ndarray]) -> bytes:
