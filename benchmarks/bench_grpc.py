@@ -71,9 +71,9 @@ Issue 25, earlier (two runs at commits d8d4754 and ebd86cb, load average 4-6): b
 `Processor.process` EAS Predict cost 352 / 463 us against the floor's 260 / 332 us at batch 1
 (1.35x / 1.40x) and 365 / 452 us against 296 / 288 us at batch 64 (1.23x / 1.57x).
 
-Issue 25, where the rest goes (2026-11-26, three runs of this section at commits b4c99fa,
-67b792e and the one recorded above, load average 6-15 from other agents): the third server in
-the rounds (benchmarks/peers/grpc_processor.py) is grpcio's sync server whose handler only
+Issue 25, where the rest goes (2026-11-26, four runs of this section within an hour, the
+last one recorded above after merging main, load average 2-15 from other agents): the third
+server in the rounds (benchmarks/peers/grpc_processor.py) is grpcio's sync server whose handler only
 calls `Processor.process` and sets the same trailing metadata. Beyond the in-process
 `Processor.process` it cost 1.16-1.40x the floor at batch 1 and 1.29-1.51x at batch 64, and
 recserve 1.05-1.19x of it (recserve 1.38-1.51x the floor at batch 1, 1.35-1.60x at batch 64).
@@ -81,8 +81,8 @@ So most of what recserve adds beyond the floor is `Processor.process` running in
 worker threads (12 us in a loop, ~90 us more there: its code and data cold between calls,
 threads handed the GIL), which any servicer calling it from grpcio's handler pays; the
 servicer's own work (model lookup, lease, metrics, deadline, warmup recording: ~10-13 us a
-call in a loop; the last run with the per-request metrics recorded in one call,
-local_metrics.RequestRecorder, ~3 us less) is the 5-19% above it. Tried,
+call in a loop; the last two runs with the per-request metrics recorded in one call,
+local_metrics.RequestRecorder, ~3 us less) is the 5-19% above it (9-11% in the run above). Tried,
 measured the same way, interleaved, batch 1: the native route's call with the GIL kept
 (ctypes.PyDLL, an experiment) 1.42x the floor against 1.30x releasing it; a grpc.aio server
 calling `Processor.process` on its uvloop event loop 343 us a call against the sync floor's
