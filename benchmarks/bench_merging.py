@@ -80,10 +80,11 @@ parse and the kernel's, which the bare app shares. Then a request's metrics beca
 (local_metrics.RequestRecorder: one lock, the count, latency, CPU, stages and rows written
 in it; ServerMetrics.observe ~6 -> ~3-5 us in a loop), recorded after the handler's CPU
 window, so outside it. The tree before it (commit 8a8f8c0) and after, side by side with the
-bare app, alternated (lowest of 3-4 rounds, two runs, load average 7-14): EAS batch 64
-merging off 46 -> 38 us (1.44x -> 1.21x bare) and 41 -> 39 us (1.34x -> 1.30x); batch 1
-37 -> 35 us (1.26x -> 1.18x). The goal (<= 1.3x) is met in those runs at its edge: single
-rounds still range 38-67 us on this machine."""
+bare app, alternated (lowest of 3-4 rounds, three runs, load average 5-14; the third after
+merging main): EAS batch 64 merging off 46 -> 38 us (1.44x -> 1.21x bare), 41 -> 39 us
+(1.34x -> 1.30x) and 42 -> 41 us (1.30x -> 1.27x); batch 1 37 -> 35 us (1.26x -> 1.18x) and
+38 -> 38 us (1.24x both). The goal (<= 1.3x) is met in those runs at its edge, by a few us:
+single rounds still range 38-67 us on this machine."""
 
 SECONDS = 5
 
