@@ -12,6 +12,7 @@ protobuf must not share a process with the tests' other protobuf users).
     python tf_model.py vocab_oov OUT   vocabulary lists and files with num_oov_buckets and
         default_value (write_vocab_oov)
     python tf_model.py shared OUT    two inputs sharing one table (write_shared)
+    python tf_model.py weighted OUT [refused]   weighted categorical columns (write_weighted)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT [unservable]   the SavedModel with its `city` table
         rewritten into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
@@ -225,6 +226,47 @@ def write_shared(out: str) -> None:
         _save_small(out, inputs, fc.input_layer(inputs, [*shared, fc.numeric_column("x")]))
 
 
+def write_weighted(out: str, refused: bool = False) -> None:
+    """weighted_categorical_column under embedding_column (embedding_lookup_sparse with
+    sp_weights): `kw` (int64 [batch, 4], -1 padded, identity over 100 ids, partitioned in 2)
+    weighted by `kw_w`, dim 4, sum; `genre` (strings [batch, 3], '' padded, 50 hash buckets)
+    weighted by `genre_w`, dim 6, mean; `topic` (strings [batch, 2], a vocabulary list with
+    2 OOV buckets) weighted by `topic_w`, dim 4, sqrtn; `shop` (one int64 id per sample,
+    identity over 30) weighted by `shop_w`, dim 3, mean; numeric `x`; output `prob`.
+    `refused`: `topic`'s vocabulary drops unknown words (default_value -1) and pools by mean."""
+    from model_requests import TOPICS, WEIGHTED_GENRE_BUCKETS, WEIGHTED_KW_IDS, WEIGHTED_SHOP_IDS
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(8)
+        inputs = {"kw": tf1.placeholder(tf.int64, [None, 4], name="kw"),
+                  "kw_w": tf1.placeholder(tf.float32, [None, 4], name="kw_w"),
+                  "genre": tf1.placeholder(tf.string, [None, 3], name="genre"),
+                  "genre_w": tf1.placeholder(tf.float32, [None, 3], name="genre_w"),
+                  "topic": tf1.placeholder(tf.string, [None, 2], name="topic"),
+                  "topic_w": tf1.placeholder(tf.float32, [None, 2], name="topic_w"),
+                  "shop": tf1.placeholder(tf.int64, [None], name="shop"),
+                  "shop_w": tf1.placeholder(tf.float32, [None], name="shop_w"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        weighted = fc.weighted_categorical_column
+        with tf1.variable_scope("kw_scope", partitioner=tf1.fixed_size_partitioner(2)):
+            kw = fc.input_layer(inputs, [fc.embedding_column(
+                weighted(fc.categorical_column_with_identity("kw", WEIGHTED_KW_IDS), "kw_w"), 4, combiner="sum",
+                initializer=normal)])
+        topics = (fc.categorical_column_with_vocabulary_list("topic", TOPICS) if refused else
+                  fc.categorical_column_with_vocabulary_list("topic", TOPICS, num_oov_buckets=2))
+        rest = fc.input_layer(inputs, [
+            fc.embedding_column(weighted(fc.categorical_column_with_hash_bucket("genre", WEIGHTED_GENRE_BUCKETS),
+                                         "genre_w"), 6, combiner="mean", initializer=normal),
+            fc.embedding_column(weighted(topics, "topic_w"), 4, combiner="mean" if refused else "sqrtn",
+                                initializer=normal),
+            fc.embedding_column(weighted(fc.categorical_column_with_identity("shop", WEIGHTED_SHOP_IDS), "shop_w"), 3,
+                                combiner="mean", initializer=normal),
+            fc.numeric_column("x")])
+        _save_small(out, inputs, tf.concat([kw, rest], axis=1))
+
+
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
 EV_PARTITIONED = "item_scope/input_layer/item_embedding/embedding_weights"
 EV_DEFAULT_DIM = 4
@@ -345,6 +387,8 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif command == "vocab":
         write_vocab(sys.argv[2])
+    elif command == "weighted":
+        write_weighted(sys.argv[2], refused=sys.argv[3:] == ["refused"])
     elif command == "shared":
         write_shared(sys.argv[2])
     elif command == "vocab_oov":
