@@ -106,6 +106,10 @@ class EmbeddingBinding:
     # '' is padding (feature columns drop it); False: '' is hashed or looked up like any
     # string (Keras's Hashing and StringLookup layers).
     empty_is_padding: bool = True
+    # The table is a TensorFlow variable partitioned in parts of these row counts, saved as
+    # their concatenation and looked up with partition_strategy 'mod': row r of part k holds
+    # id r * len(parts) + k (model_store.table_data.mod_partition_ids). Empty: row i is id i.
+    mod_partitions: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         hashing: dict[str, Any] = {"key_hash": KEY_HASH_TF, "buckets": self.buckets} if self.buckets else {}
@@ -116,6 +120,8 @@ class EmbeddingBinding:
             hashing |= {key: value for key, (value, unset) in options.items() if value != unset}
         if not self.empty_is_padding:
             hashing["empty_is_padding"] = False
+        if self.mod_partitions:
+            hashing["mod_partitions"] = list(self.mod_partitions)
         return hashing | {
             "input": self.input,
             "table": self.table,
@@ -164,7 +170,7 @@ class ModelSpec:
 
 _VOCABULARY_OPTIONS = {"vocabulary_start": 0, "default_id": -1, "oov_buckets": 0, "oov_start": 0}
 _BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default", "key_hash", "buckets",
-                 "vocabulary", "empty_is_padding", *_VOCABULARY_OPTIONS}
+                 "vocabulary", "empty_is_padding", "mod_partitions", *_VOCABULARY_OPTIONS}
 
 
 def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
@@ -219,6 +225,11 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     if not isinstance(empty_is_padding, bool) or (not empty_is_padding and key_hash == "xxh64"):
         raise ModelLoadError(f"{where}: 'empty_is_padding' is {empty_is_padding!r}; it is true or false, and false "
                              f"goes with 'key_hash' {KEY_HASH_TF!r} or {KEY_HASH_VOCABULARY!r}")
+    partitions = raw.get("mod_partitions", [])
+    if not isinstance(partitions, list) or len(partitions) == 1 or \
+            not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in partitions):
+        raise ModelLoadError(f"{where}: 'mod_partitions' is {partitions!r}; it lists the row counts (positive "
+                             "integers) of the table's 2 or more partitions, in partition order")
     graph_input = raw.get("graph_input", raw["input"])
     if not isinstance(graph_input, str):
         raise ModelLoadError(f"{where}: 'graph_input' must be a string")
@@ -233,6 +244,7 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         buckets=buckets if key_hash == KEY_HASH_TF else 0,
         vocabulary=tuple(vocabulary) if key_hash == KEY_HASH_VOCABULARY else (),
         empty_is_padding=empty_is_padding,
+        mod_partitions=tuple(partitions),
         **options,
     )
 
@@ -273,10 +285,10 @@ def parse_model_spec(text: str | bytes, source: str = "model.json") -> ModelSpec
     first: dict[str, EmbeddingBinding] = {}
     for b in bindings:
         other = first.setdefault(b.table, b)
-        if (other.dim, other.default) != (b.dim, b.default):
+        if (other.dim, other.default, other.mod_partitions) != (b.dim, b.default, b.mod_partitions):
             raise ModelLoadError(
                 f"{source}: table {b.table!r} is bound by {other.input!r} and {b.input!r} with "
-                "different 'dim' or 'default'; bindings sharing a table must agree on both"
+                "different 'dim', 'default' or 'mod_partitions'; bindings sharing a table must agree on them"
             )
     signatures: dict[str, SignatureSpec] | None = None
     if "signatures" in doc:

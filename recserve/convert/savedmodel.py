@@ -115,7 +115,7 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     spec = ModelSpec(
         embeddings=tuple(EmbeddingBinding(
             input=lk.input, table=lk.table, dim=lk.dim, graph_input=lookup_input(lk), combiner=lk.engine_combiner,
-            key_dtype=lk.key_dtype, default=defaults.get(lk.table, DefaultSpec()),
+            key_dtype=lk.key_dtype, default=defaults.get(lk.table, DefaultSpec()), mod_partitions=lk.mod_partitions,
             **lk.ids_options)  # type: ignore[arg-type]
             for lk in lookups),
         signatures={name: SignatureSpec(

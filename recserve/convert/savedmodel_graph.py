@@ -83,6 +83,9 @@ class Lookup:
     # weight per id. The engine gives the rows unpooled; the dense graph pools them by
     # `combiner` with these weights (dense_export.py). Empty: not weighted.
     weights: str = ""
+    # A partitioned variable looked up with partition_strategy 'mod': its parts' row counts
+    # (EmbeddingBinding.mod_partitions). Empty: 'div', or one part.
+    mod_partitions: tuple[int, ...] = ()
 
     @property
     def engine_combiner(self) -> str:
@@ -282,11 +285,11 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
             warnings.append(f"the lookup of {table!r} replaces ids outside its range by a default id "
                             "(categorical_column_with_identity's default_value); recserve answers zeros for them")
         ev = variables[0].op in EV_OPS
-        if len(variables) > 1 and not ev and any(op.op == "DynamicPartition" for op in path) \
-                and not any(op.op == "Maximum" for op in path):
-            raise ModelLoadError(f"the partitioned variable {table!r} is looked up with partition_strategy 'mod'; "
-                                 "recserve converts 'div' (feature columns' default)")
-        shapes = [_shape(v) for v in variables]
+        shapes = [_shape(v) for v in _in_part_order(variables)]
+        mod = len(variables) > 1 and not ev and any(op.op == "DynamicPartition" for op in path) \
+            and not any(op.op == "Maximum" for op in path)
+        if mod:
+            _check_mod_partitions([s[0] for s in shapes], table)
         dim = shapes[0][-1]
         rows = None if ev else sum(s[0] for s in shapes)
         combiner = POOLING.get(start.op, "none")
@@ -304,7 +307,8 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
             combiner=combiner, key_dtype="string" if is_string else "int64", ids_options=ids_options,
             cut=cut, embedding_variable=ev,
             rank=_rank(placeholders[ids[0]]) + 1 if combiner == "none" or weights else 2,
-            padded=start.op in POOLING or bool(weights), weights=weights[0] if weights else ""))
+            padded=start.op in POOLING or bool(weights), weights=weights[0] if weights else "",
+            mod_partitions=tuple(s[0] for s in shapes) if mod else ()))
     inputs = [lk.input for lk in lookups]
     twice = sorted({i for i in inputs if inputs.count(i) > 1})
     if twice:
@@ -375,6 +379,16 @@ def _check_weighted(ids_options: Mapping[str, Any], combiner: str, ids_rank: int
                              f"-1) and pools by {combiner}: TensorFlow leaves their weights out of the divisor, and "
                              "recserve's dense graph cannot tell a dropped word from a known one; give the vocabulary "
                              "num_oov_buckets or a default_value >= 0, or pool by sum")
+
+
+def _check_mod_partitions(sizes: list[int], table: str) -> None:
+    """partition_strategy 'mod' reads id i at row i // P of part i % P: every part must hold
+    the rows of its ids below the variable's row count (fixed_size_partitioner's sizes do)."""
+    rows, parts = sum(sizes), len(sizes)
+    want = [(rows - k + parts - 1) // parts for k in range(parts)]
+    if sizes != want:
+        raise ModelLoadError(f"the partitioned variable {table!r} is looked up with partition_strategy 'mod' but its "
+                             f"parts hold {sizes} rows; ids 0..{rows - 1} by 'mod' need {want}")
 
 
 def _rank(info: Any) -> int:

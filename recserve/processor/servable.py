@@ -23,6 +23,7 @@ from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, duplic
 from recserve.model_store.load_threads import map_in_threads
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT
 from recserve.model_store.model_dir import ModelDir
+from recserve.model_store.table_data import mod_partition_ids
 from recserve.model_store.tf_checkpoint import dense_by_initializer
 from recserve.model_store.updater import apply_delta
 from recserve.processor.merged_runs import process_merged
@@ -408,6 +409,11 @@ class Servable:
             return delta
         names = self.model.spec.checkpoint_name
         tables = {t: delta.tables[names(t)] for t in self.tables if names(t) in delta.tables}
+        mod = {b.table: b for b in self.model.spec.embeddings if b.mod_partitions}
+        for b in mod.values():  # a 'mod'-partitioned variable's rows, by the ids they hold
+            if b.table in tables:
+                tables[b.table] = mod_partition_ids(tables[b.table], b.mod_partitions,
+                                                    f"{delta.ref.path}: table {names(b.table)!r}")
         return dataclasses.replace(delta, tables=tables)
 
     @property

@@ -115,3 +115,14 @@ def weighted_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarra
                     "topic": topic, "topic_w": weights(topic == ""), "shop": shop, "shop_w": weights(shop == -1),
                     "x": rng.normal(0, 1, batch).astype(np.float32)})
     return out
+
+
+MOD_IDS, MOD_POS = 1001, 10
+
+
+def mod_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's mod model: ids over every row (and -1 padding), positions."""
+    rng = np.random.default_rng(seed)
+    return [{"ids": rng.integers(-1, MOD_IDS, (batch, 3)).astype(np.int64),
+             "pos": rng.integers(0, MOD_POS, batch).astype(np.int64),
+             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]

@@ -13,6 +13,7 @@ protobuf must not share a process with the tests' other protobuf users).
         default_value (write_vocab_oov)
     python tf_model.py shared OUT    two inputs sharing one table (write_shared)
     python tf_model.py weighted OUT [refused]   weighted categorical columns (write_weighted)
+    python tf_model.py mod OUT       partitioned variables looked up by 'mod' (write_mod)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT [unservable]   the SavedModel with its `city` table
         rewritten into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
@@ -267,6 +268,43 @@ def write_weighted(out: str, refused: bool = False) -> None:
         _save_small(out, inputs, tf.concat([kw, rest], axis=1))
 
 
+def write_mod(out: str) -> None:
+    """Partitioned variables looked up with partition_strategy='mod' (id i at row i // 3 of
+    part i % 3): `ids` (int64 [batch, 3], -1 padded) in `mod_emb` (1001 rows in 3 parts, dim 4)
+    by safe_embedding_lookup_sparse, mean; `pos` (int64 [batch]) in `pos_emb` (10 rows in 3
+    parts, dim 2) by embedding_lookup, unpooled; numeric `x`; output `prob`. OUT/savedmodel,
+    and OUT/ckpt/1 (Saver, the parts as slices) holding other values for every variable."""
+    from model_requests import MOD_IDS, MOD_POS
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(9)
+        inputs = {"ids": tf1.placeholder(tf.int64, [None, 3], name="ids"),
+                  "pos": tf1.placeholder(tf.int64, [None], name="pos"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        table = tf1.get_variable("mod_emb", [MOD_IDS, 4], initializer=normal, partitioner=tf1.fixed_size_partitioner(3))
+        positions = tf1.get_variable("pos_emb", [MOD_POS, 2], initializer=normal,
+                                     partitioner=tf1.fixed_size_partitioner(3))
+        kept = tf.where(tf.not_equal(inputs["ids"], -1))
+        sparse = tf.SparseTensor(kept, tf.gather_nd(inputs["ids"], kept), tf.shape(inputs["ids"], out_type=tf.int64))
+        pooled = tf1.nn.safe_embedding_lookup_sparse(table, sparse, None, combiner="mean", partition_strategy="mod")
+        unpooled = tf1.nn.embedding_lookup(positions, inputs["pos"], partition_strategy="mod")
+        x = tf.concat([pooled, unpooled, tf.expand_dims(inputs["x"], 1)], axis=1)
+        kernel = tf1.get_variable("dense/kernel", [int(x.shape[1]), 1], initializer=tf1.glorot_uniform_initializer())
+        prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            builder = tf1.saved_model.Builder(f"{out}/savedmodel")
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
+            builder.save()
+            rng = np.random.default_rng(10)
+            sess.run([v.assign(rng.normal(0, 1, v.shape).astype(np.float32)) for v in tf1.global_variables()])
+            os.makedirs(f"{out}/ckpt/1")
+            tf1.train.Saver().save(sess, f"{out}/ckpt/1/model.ckpt", global_step=7)
+
+
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
 EV_PARTITIONED = "item_scope/input_layer/item_embedding/embedding_weights"
 EV_DEFAULT_DIM = 4
@@ -387,6 +425,8 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif command == "vocab":
         write_vocab(sys.argv[2])
+    elif command == "mod":
+        write_mod(sys.argv[2])
     elif command == "weighted":
         write_weighted(sys.argv[2], refused=sys.argv[3:] == ["refused"])
     elif command == "shared":
