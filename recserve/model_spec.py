@@ -98,7 +98,9 @@ class EmbeddingBinding:
     # "vocabulary"): a converted SavedModel's vocabulary columns and Keras StringLookup layers.
     # A string not in it gets `oov_start + Fingerprint64 % oov_buckets` when oov_buckets > 0
     # (num_oov_buckets, num_oov_indices > 1), else `default_id` (-1: dropped, as padding).
-    vocabulary: tuple[str | None, ...] = ()  # None: an id no string has (a gap)
+    # With key_dtype "int64" the list holds integer ids (integer vocabulary columns, Keras
+    # IntegerLookup; no oov_buckets), and `empty_is_padding` False looks id -1 up like any id.
+    vocabulary: tuple[str | int | None, ...] = ()  # None: an id no string has (a gap)
     vocabulary_start: int = 0
     default_id: int = -1
     oov_buckets: int = 0
@@ -206,7 +208,13 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     elif "buckets" in raw:
         raise ModelLoadError(f"{where}: 'buckets' goes with 'key_hash' {KEY_HASH_TF!r}")
     vocabulary = raw.get("vocabulary", [])
-    if key_hash == KEY_HASH_VOCABULARY:
+    if key_hash == KEY_HASH_VOCABULARY and key_dtype == "int64":
+        if not isinstance(vocabulary, list) or not any(_is_int(w) for w in vocabulary) or \
+                not all(w is None or _is_int(w) for w in vocabulary) or raw.get("oov_buckets", 0):
+            raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_VOCABULARY!r} with 'key_dtype' \"int64\" needs "
+                                 "'vocabulary' a non-empty list of integers (null: a key no id has) and no "
+                                 "'oov_buckets'")
+    elif key_hash == KEY_HASH_VOCABULARY:
         if key_dtype != "string" or not isinstance(vocabulary, list) or \
                 not any(isinstance(w, str) for w in vocabulary) or \
                 not all(w is None or isinstance(w, str) for w in vocabulary):
@@ -247,6 +255,10 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         mod_partitions=tuple(partitions),
         **options,
     )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parse_name_map(raw: Any, where: str) -> dict[str, str]:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from recserve.convert.string_ids import string_ids
+from recserve.convert.string_ids import integer_ids, string_ids
 from recserve.errors import ModelLoadError
 
 __all__ = ["Lookup", "ServingGraph", "find_lookups"]
@@ -271,13 +271,14 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         if is_string:
             ids_options = string_ids(graph, path, table, assets or {})
         elif any(op.op in ("StringToHashBucketFast", "LookupTableFindV2") for op in path):
-            raise ModelLoadError(f"the lookup of {table!r} maps integer ids through {sorted({o.op for o in path})} "
-                                 "(an integer vocabulary or IntegerLookup), which recserve does not convert yet; "
-                                 "integer ids are converted when they are the keys themselves")
+            ids_options = integer_ids(graph, path, table)
         else:
             ids_options = {}
         kinds = {op.op for op in path}
-        if not is_string and {"Less", "SelectV2"} <= kinds and kinds & {"Add", "AddV2"}:  # where(i<0, i+rows, i)
+        never_negative = bool(ids_options.get("vocabulary")) and ids_options.get("default_id", -1) >= 0 \
+            and ids_options.get("empty_is_padding") is False  # an integer vocabulary keys every id >= 0
+        if not is_string and not never_negative and {"Less", "SelectV2"} <= kinds \
+                and kinds & {"Add", "AddV2"}:  # where(i<0, i+rows, i)
             warnings.append(f"the lookup of {table!r} reads a negative id as counted from the table's end (Keras's "
                             "take); recserve answers zeros for negative ids (padding, left out of a pooled mean)")
         elif any(op.op == "LogicalAnd" and not _reads_weights(graph, op, weights) for op in path) \

@@ -91,6 +91,7 @@ else:
     IMPLEMENTATION = "native"
 
 from recserve.embedding._inputs import DuplicateKeyError, empty_rows
+from recserve.embedding.integer_ids import IntegerKeys
 from recserve.embedding.string_ids import StringKeys
 from recserve.embedding.tiers import TierSpec, tier_spec
 
@@ -98,6 +99,7 @@ __all__ = [
     "IMPLEMENTATION",
     "DuplicateKeyError",
     "EmbeddingTable",
+    "IntegerKeys",
     "LookupPlan",
     "StringKeys",
     "TierSpec",

@@ -126,3 +126,23 @@ def mod_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
     return [{"ids": rng.integers(-1, MOD_IDS, (batch, 3)).astype(np.int64),
              "pos": rng.integers(0, MOD_POS, batch).astype(np.int64),
              "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]
+
+
+SHOPS = [1000, 17, 42, 7, 123456789012]
+KERAS_ITEMS = [10, 20, 30, 7_000_000_000]
+BRANDS = [5, 6, 9]
+
+
+def int_vocab_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's int_vocab model: known ids, unknown ones (negative and
+    beyond 2**32 too) and -1 padding."""
+    rng = np.random.default_rng(seed)
+
+    def ids(words: list[int], shape: tuple[int, ...]) -> np.ndarray:
+        roll = rng.random(shape)
+        known = np.array(words, dtype=np.int64)[rng.integers(len(words), size=shape)]
+        unknown = rng.integers(-(1 << 40), 1 << 40, shape)
+        return np.where(roll < 0.55, known, np.where(roll < 0.75, -1, unknown)).astype(np.int64)
+
+    return [{"shop": ids(SHOPS, (batch, 3)), "brand": ids(BRANDS, (batch,)),
+             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]

@@ -14,6 +14,7 @@ protobuf must not share a process with the tests' other protobuf users).
     python tf_model.py shared OUT    two inputs sharing one table (write_shared)
     python tf_model.py weighted OUT [refused]   weighted categorical columns (write_weighted)
     python tf_model.py mod OUT       partitioned variables looked up by 'mod' (write_mod)
+    python tf_model.py int_vocab OUT   integer vocabulary columns (write_int_vocab)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT [unservable]   the SavedModel with its `city` table
         rewritten into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
@@ -268,6 +269,28 @@ def write_weighted(out: str, refused: bool = False) -> None:
         _save_small(out, inputs, tf.concat([kw, rest], axis=1))
 
 
+def write_int_vocab(out: str) -> None:
+    """Integer vocabulary columns (categorical_column_with_vocabulary_list of int64): `shop`
+    (int64 [batch, 3], -1 padded; unknown ids dropped, default_value -1) dim 4, mean; `brand`
+    (one int64 per sample; unknown ids get default_value 1) dim 3, sum; numeric `x`; output
+    `prob`."""
+    from model_requests import BRANDS, SHOPS
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(12)
+        inputs = {"shop": tf1.placeholder(tf.int64, [None, 3], name="shop"),
+                  "brand": tf1.placeholder(tf.int64, [None], name="brand"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        vocabulary = fc.categorical_column_with_vocabulary_list
+        _save_small(out, inputs, fc.input_layer(inputs, [
+            fc.embedding_column(vocabulary("shop", SHOPS, dtype=tf.int64), 4, combiner="mean", initializer=normal),
+            fc.embedding_column(vocabulary("brand", BRANDS, dtype=tf.int64, default_value=1), 3, combiner="sum",
+                                initializer=normal),
+            fc.numeric_column("x")]))
+
+
 def write_mod(out: str) -> None:
     """Partitioned variables looked up with partition_strategy='mod' (id i at row i // 3 of
     part i % 3): `ids` (int64 [batch, 3], -1 padded) in `mod_emb` (1001 rows in 3 parts, dim 4)
@@ -425,6 +448,8 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif command == "vocab":
         write_vocab(sys.argv[2])
+    elif command == "int_vocab":
+        write_int_vocab(sys.argv[2])
     elif command == "mod":
         write_mod(sys.argv[2])
     elif command == "weighted":
