@@ -13,7 +13,9 @@ The ids path between a string input and its gather holds one of:
   mask_id, ids)`) joins the vocabulary at its id; ids no word has are None in the list.
 '' is padding when the path drops it before the lookup (feature columns compare the input
 with '' by `NotEqual`); otherwise (Keras) '' is hashed or looked up like any string.
-What any other pattern would need is refused by name.
+What any other pattern would need is refused by name. An integer input looked up through a
+HashTableV2 of integer keys (an integer vocabulary list, Keras IntegerLookup) is read by
+`integer_ids` the same way, without OOV hashing or mask tokens.
 """
 
 from __future__ import annotations
