@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import time
 
 import numpy as np
 import pytest
@@ -26,7 +28,8 @@ TOLERANCE = 1e-5
 def test_mod_partitioned_lookups_serve_within_1e5_of_tensorflow(tmp_path):
     """A pooled lookup (safe_embedding_lookup_sparse, mean, -1 padding) and an unpooled one
     (embedding_lookup), both 'mod': from the SavedModel's variables, then from a trainer
-    checkpoint holding other values (the parts as slices of one tensor). 400 requests."""
+    checkpoint holding other values (the parts as slices of one tensor), then with that
+    version's incremental bundle (rows by row index). 400 requests each time."""
     run_tf("mod", str(tmp_path / "m"))
     savedmodel = tmp_path / "m" / "savedmodel"
     batches = mod_requests(250, 1, 111) + mod_requests(100, 8, 112) + mod_requests(50, 64, 113)
@@ -41,13 +44,26 @@ def test_mod_partitioned_lookups_serve_within_1e5_of_tensorflow(tmp_path):
         assert_served_natively(processor, batches)
     finally:
         processor.close()
-    trained = tf_predict(savedmodel, batches, tmp_path, str(tmp_path / "m" / "ckpt" / "1" / "model.ckpt-7"))
+    prefix = str(tmp_path / "m" / "ckpt" / "1" / "model.ckpt-7")
+    trained = tf_predict(savedmodel, batches, tmp_path, prefix)
+    updated = tf_predict(savedmodel, batches, tmp_path, prefix, tmp_path / "m" / "incr.npz")
     assert max(float(np.abs(a - b).max()) for a, b in zip(want, trained)) > 0.01  # other values indeed
+    assert max(float(np.abs(a - b).max()) for a, b in zip(trained, updated)) > 0.01
+    parent = tmp_path / "checkpoints"
+    shutil.copytree(tmp_path / "m" / "ckpt" / "1", parent / "1", ignore=shutil.ignore_patterns(".incremental*"))
     processor = Processor({"savedmodel_dir": str(savedmodel), "model_store_type": "local",
-                           "checkpoint_dir": str(tmp_path / "m" / "ckpt")})
+                           "checkpoint_dir": str(parent), "model_update_interval_seconds": 0.2})
     try:
         assert processor.model_info()["global_step"] == 7
         assert worst(processor, batches, trained) <= TOLERANCE
+        # Its incremental bundle's rows (row indices of the concatenated parts) land on their ids.
+        shutil.copytree(tmp_path / "m" / "ckpt" / "1" / ".incremental_checkpoint",
+                        parent / "1" / ".incremental_checkpoint")
+        deadline = time.monotonic() + 60
+        while processor.model_info()["delta_step"] != 9:
+            assert time.monotonic() < deadline, processor.model_info()
+            time.sleep(0.1)
+        assert worst(processor, batches, updated) <= TOLERANCE
     finally:
         processor.close()
 

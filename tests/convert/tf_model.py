@@ -127,8 +127,17 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
             tf1.train.Saver().restore(sess, prefix)
         if incr:
             with np.load(incr) as d:
-                var = next(v for v in tf1.global_variables() if v.op.name == str(d["name"]))
-                sess.run(tf1.scatter_update(var, d["keys"], d["values"]))
+                name, keys, values = str(d["name"]), d["keys"], d["values"]
+            whole = [v for v in tf1.global_variables() if v.op.name == name]
+            parts = whole or sorted((v for v in tf1.global_variables() if v.op.name.startswith(f"{name}/part_")),
+                                    key=lambda v: int(v.op.name.rsplit("_", 1)[1]))
+            offset = 0
+            for var in parts:  # a partitioned variable: row r of the concatenation is in the part holding it
+                rows = int(var.shape[0])
+                mine = (keys >= offset) & (keys < offset + rows)
+                if mine.any():
+                    sess.run(tf1.scatter_update(var, keys[mine] - offset, values[mine]))
+                offset += rows
         sig = meta.signature_def["serving_default"]
         feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
         output = "prob" if "prob" in sig.outputs else min(sig.outputs)  # Keras's export: output_0
@@ -326,6 +335,16 @@ def write_mod(out: str) -> None:
             sess.run([v.assign(rng.normal(0, 1, v.shape).astype(np.float32)) for v in tf1.global_variables()])
             os.makedirs(f"{out}/ckpt/1")
             tf1.train.Saver().save(sess, f"{out}/ckpt/1/model.ckpt", global_step=7)
+            # An incremental bundle changing rows of mod_emb by row index of the saved (concatenated)
+            # variable: the first and last rows of each part.
+            keys = np.array([0, 333, 334, 667, 668, 1000], dtype=np.int64)
+            values = rng.normal(0, 3, (len(keys), 4)).astype(np.float32)
+            incr = f"{out}/ckpt/1/.incremental_checkpoint"
+            os.makedirs(incr)
+            sess.run(tf1.raw_ops.SaveV2(prefix=f"{incr}/model.ckpt-9", tensor_names=["mod_emb-sparse_incr_keys",
+                                                                                      "mod_emb-sparse_incr_values"],
+                                        shape_and_slices=["", ""], tensors=[keys, values]))
+            np.savez(f"{out}/incr.npz", name=np.array("mod_emb"), keys=keys, values=values)
 
 
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
