@@ -9,8 +9,8 @@ import os
 import shutil
 import sys
 
-from recserve.convert.cache import MISSING_EXTRA
 from recserve.errors import RecserveError
+from recserve.model_store.savedmodel_conversion import MISSING_EXTRA
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,10 +90,11 @@ else:
 
     IMPLEMENTATION = "native"
 
-from recserve.embedding._inputs import DuplicateKeyError, empty_rows
+from recserve.embedding._inputs import DuplicateKeyError
 from recserve.embedding.integer_ids import IntegerKeys
 from recserve.embedding.string_ids import StringKeys
 from recserve.embedding.tiers import TierSpec, tier_spec
+from recserve.model_store.row_memory import empty_rows
 
 __all__ = [
     "IMPLEMENTATION",

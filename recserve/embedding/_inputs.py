@@ -8,12 +8,14 @@ what the caller set up (table contents, combiner names, ``out`` buffers) raise `
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from recserve.errors import RequestError
 from recserve.model_spec import COMBINERS, DefaultSpec
+from recserve.model_store import row_memory
+from recserve.model_store.row_memory import empty_rows
 
 COMBINER_CODES = {name: code for code, name in enumerate(COMBINERS)}  # matches RS_COMBINER_*
 NONE = COMBINER_CODES["none"]
@@ -48,37 +50,6 @@ def check_ids(table: str, ids: Any) -> np.ndarray:
             f"ids for table {table!r} must have shape [B] or [B, L], got shape {list(ids.shape)}"
         )
     return np.ascontiguousarray(ids)
-
-
-ROW_ALIGNMENT = 64  # bytes: rows start on a cache line, as native/embedding_internal.h's
-
-
-class RowAllocator(Protocol):
-    def empty(self, n: int, dim: int) -> np.ndarray: ...
-
-    def holds(self, array: np.ndarray) -> bool: ...
-
-
-# Set in the leader of worker processes (recserve.embedding.shared_memory): rows then live
-# in the shared arena, where forked workers read them.
-_row_allocator: RowAllocator | None = None
-
-
-def set_row_allocator(allocator: RowAllocator | None) -> None:
-    global _row_allocator
-    _row_allocator = allocator
-
-
-def empty_rows(n: int, dim: int) -> np.ndarray:
-    """An uninitialised float32 [n, dim] array whose first row starts on a cache line, the
-    layout tables are fastest in (a dim-16 row is then one line, not two). Fill it and hand
-    it to EmbeddingTable, which adopts it without a copy."""
-    if _row_allocator is not None:
-        return _row_allocator.empty(n, dim)
-    items = ROW_ALIGNMENT // 4
-    raw = np.empty(n * dim + items, dtype=np.float32)
-    skip = (-raw.ctypes.data % ROW_ALIGNMENT) // 4
-    return raw[skip:skip + n * dim].reshape(n, dim)
 
 
 def check_span(table: str, offset: Any, shape: Any) -> tuple[int, ...]:
@@ -176,7 +147,8 @@ def check_rows(
     if (keys == PADDING).any():
         raise ValueError(f"{where}: key -1 is reserved for padding and cannot be stored")
     usable = values.dtype == np.float32 and values.flags.c_contiguous and values.flags.aligned
-    shared_elsewhere = _row_allocator is not None and not _row_allocator.holds(values)
+    allocator = row_memory.allocator()
+    shared_elsewhere = allocator is not None and not allocator.holds(values)
     if adopt and not (usable and values.flags.writeable) or adopt and shared_elsewhere:
         copied = empty_rows(len(keys), dim)
         copied[...] = values

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from recserve.embedding import _inputs
 from recserve.errors import ConfigError
+from recserve.model_store import row_memory
 
 __all__ = ["MAX_WORKERS", "active", "contains", "default_size", "detach", "forget_reader", "reserve", "stats"]
 
@@ -84,7 +84,7 @@ def reserve(size: int | None = None) -> None:
                 "(ulimit -v?); set RECSERVE_SHARED_ARENA_BYTES lower")
         _state["reserved"] = True
     _state["allocating"] = True
-    _inputs.set_row_allocator(_SharedRows(lib))
+    row_memory.set_allocator(_SharedRows(lib))
 
 
 def detach(worker: int) -> None:
@@ -98,7 +98,7 @@ def detach(worker: int) -> None:
     if _state["reserved"]:
         lib.rs_arena_detach()
     _state["allocating"] = False
-    _inputs.set_row_allocator(None)
+    row_memory.set_allocator(None)
 
 
 def forget_reader(worker: int) -> None:

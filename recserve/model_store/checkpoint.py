@@ -55,7 +55,7 @@ def _read_tensors(storage: Storage, path: str, *, rows: str | None = None) -> di
     """Every tensor of a safetensors file. A local file's float32 2-D tensor named `rows` (a
     table's values) is not read: it comes back as a read-only view of the file's mapping, so
     a table larger than RAM streams into the SSD tier through the page cache, and a DRAM
-    table copies it once into its own row layout (recserve.embedding.empty_rows)."""
+    table copies it once into its own row layout (row_memory.empty_rows)."""
     local = storage.local_path(path)
     try:
         if local is None:

@@ -19,6 +19,7 @@ from recserve.model_spec import ModelSpec, parse_model_spec
 from recserve.model_store.checkpoint import Checkpoint
 from recserve.model_store.default_rows import load_default_rows
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT, Manifest
+from recserve.model_store.savedmodel_conversion import converted_model_dir
 from recserve.model_store.storage import LocalStorage, Storage, join
 from recserve.model_store.versions import VersionRef
 
@@ -56,8 +57,6 @@ def load_model_dir(storage: Storage, savedmodel_dir: str, signature_name: str | 
         local = storage.local_path(savedmodel_dir)
         if local is None:
             raise ModelLoadError(f"savedmodel_dir {savedmodel_dir}: a SavedModel is converted from a local copy")
-        from recserve.convert import converted_model_dir
-
         converted = load_model_dir(storage, converted_model_dir(local, signature_name))
         return ModelDir(converted.onnx_path, converted.spec, converted.root,
                         join(local, VARIABLES_PREFIX) if storage.size(join(local, VARIABLES_PREFIX + ".index"))

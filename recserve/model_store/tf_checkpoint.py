@@ -28,6 +28,7 @@ import numpy as np
 
 from recserve.errors import CorruptVersionError, VersionNotReadyError
 from recserve.model_store.manifest import DELTA_DIR_NAMES, TF_BUNDLE_FORMAT, FileEntry, Manifest
+from recserve.model_store.row_memory import empty_rows
 from recserve.model_store.storage import Storage, join
 from recserve.model_store.table_data import TableData
 from recserve.model_store.tensor_bundle import TensorBundle
@@ -185,8 +186,6 @@ def tf_tables_and_dense(storage: Storage, prefix: str, *, delta: bool) -> tuple[
             merged_values = values[0]  # a view of the mapped shard: the table copies it once
         else:
             # Straight into the engine's row layout, which the table then adopts: one copy.
-            from recserve.embedding import empty_rows
-
             dim = values[0].shape[1]
             if any(v.shape[1] != dim for v in values):
                 raise CorruptVersionError(f"{prefix}: Embedding Variable {ev!r}: its partitions differ in dim")

@@ -287,26 +287,11 @@ class ModelUpdater:
                     exc.message += ('; full_update_mode "in_place" writes a version with the same tables '
                                     "into the serving ones without a second copy")
                 raise
-        try:
-            servable = self._build(
-                load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=self._load_tables)
-            )
-        except RecserveError:
-            raise
-        except Exception as exc:  # onnxruntime and the engine raise their own types
-            raise ModelLoadError(f"version {ref.name} cannot be built: {type(exc).__name__}: {exc}") from exc
-        try:
-            delta_step = self._apply_deltas(servable, ref, ref.global_step)
-            if self._warmup is not None:
-                self._warmup(servable)
-        except BaseException:
-            servable.close()
-            raise
+        servable = self._build_checked(
+            ref, load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=self._load_tables))
+        delta_step = self._deltas_and_warmup(servable, ref)
         self._manager.swap(servable)
-        self._serving = ref
-        self._delta_step = 0 if delta_step == ref.global_step else delta_step
-        self._update_time = time.time()
-        self._full_updates += 1
+        self._served(ref, delta_step)
         log.info("model %r: serving version %s (global_step %d, deltas to %d), ready in %.2f s",
                  self._name, ref.name, ref.global_step, self._delta_step, self._clock() - started)
 
@@ -316,14 +301,30 @@ class ModelUpdater:
         once every table is written."""
         ref = candidate.ref
         rows = write_in_place(self.watcher.reader, ref, candidate.manifest, current.tables)
+        servable = self._build_checked(
+            ref, load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=False), current.tables)
+        servable.owns_tables = False  # until it serves: closing it on a failure leaves the tables
+        delta_step = self._deltas_and_warmup(servable, ref)
+        servable.owns_tables, current.owns_tables = True, False
+        self._manager.swap(servable)
+        self._served(ref, delta_step)
+        log.info("model %r: serving version %s (global_step %d, deltas to %d), written in place "
+                 "(%d rows) in %.2f s", self._name, ref.name, ref.global_step, self._delta_step, rows,
+                 self._clock() - started)
+
+    def _build_checked(self, ref: VersionRef, checkpoint: Checkpoint, tables: Any = None) -> _Servable:
+        """The servable of `ref`; an error that is not a RecserveError becomes the
+        ModelLoadError naming the version."""
         try:
-            servable = self._build(load_checkpoint(self.watcher.reader, ref, candidate.manifest, tables=False),
-                                   tables=current.tables)
+            return self._build(checkpoint) if tables is None else self._build(checkpoint, tables=tables)
         except RecserveError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # onnxruntime and the engine raise their own types
             raise ModelLoadError(f"version {ref.name} cannot be built: {type(exc).__name__}: {exc}") from exc
-        servable.owns_tables = False  # until it serves: closing it on a failure leaves the tables
+
+    def _deltas_and_warmup(self, servable: _Servable, ref: VersionRef) -> int:
+        """`ref`'s deltas applied to a servable not yet serving, then warmed up: the delta
+        step reached. The servable is closed if either fails."""
         try:
             delta_step = self._apply_deltas(servable, ref, ref.global_step)
             if self._warmup is not None:
@@ -331,15 +332,13 @@ class ModelUpdater:
         except BaseException:
             servable.close()
             raise
-        servable.owns_tables, current.owns_tables = True, False
-        self._manager.swap(servable)
+        return delta_step
+
+    def _served(self, ref: VersionRef, delta_step: int) -> None:
         self._serving = ref
         self._delta_step = 0 if delta_step == ref.global_step else delta_step
         self._update_time = time.time()
         self._full_updates += 1
-        log.info("model %r: serving version %s (global_step %d, deltas to %d), written in place "
-                 "(%d rows) in %.2f s", self._name, ref.name, ref.global_step, self._delta_step, rows,
-                 self._clock() - started)
 
     # -- rollback and pinning ------------------------------------------------------------
 

@@ -226,7 +226,7 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
         assert worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
-    from recserve.convert.cache import run_conversion
+    from recserve.convert import run_conversion
 
     report = run_conversion(str(ev_dir), str(tmp_path / "out"))  # `recserve convert`'s own report
     assert "warning: Embedding Variable" not in report
@@ -237,7 +237,7 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
 def test_ev_defaults_recserve_cannot_reproduce_are_warned_about_and_stay_zeros(tf_model, tmp_path):
     """city's default matrix needs a feed; item's gathers read their default by the id's
     position in the batch (ev_init_value): the conversion keeps "zeros" and says why, per EV."""
-    from recserve.convert.cache import run_conversion
+    from recserve.convert import run_conversion
 
     ev_dir = tmp_path / "ev"
     run_tf("evgraph", str(tf_model / "savedmodel"), str(ev_dir), "unservable")

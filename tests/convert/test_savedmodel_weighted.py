@@ -16,7 +16,7 @@ from served import assert_served_natively, worst
 from tf_helpers import run_tf, tf_predict
 
 from recserve import Processor
-from recserve.convert.cache import run_conversion
+from recserve.convert import run_conversion
 from recserve.errors import ModelLoadError
 from recserve.wire.codec import encode_request
 

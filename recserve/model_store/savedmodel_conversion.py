@@ -25,7 +25,7 @@ from recserve.errors import ModelLoadError
 
 __all__ = ["MISSING_EXTRA", "cache_root", "conversion_key", "converted_model_dir", "run_conversion"]
 
-log = logging.getLogger("recserve.convert")
+log = logging.getLogger("recserve.convert")  # the conversion's messages, wherever it is asked for
 
 # Requests a conversion at load is checked on against TensorFlow (which is there: it converted).
 LOAD_CHECK_REQUESTS = 50
