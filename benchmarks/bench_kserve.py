@@ -5,6 +5,7 @@ model on the fast path", goal 4)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,10 @@ server (kserve from PyPI, in .venv-peers, `make peers`) with an onnxruntime Infe
 in a `kserve.Model` (benchmarks/peers/kserve_onnx.py; no access log, no latency logging).
 The same KServe v2 JSON body (`{{"inputs": [...]}}`, FP32 and INT64 data lists) posted by
 `wrk -t1 -c16` for {SECONDS} s per run after a 2 s warmup, {ROUNDS} alternating rounds, the
-median kept. Outputs of both checked equal (within 1e-5) before timing."""
+median kept. Outputs of both checked equal (within 1e-5) before timing. A third server,
+recserve with RECSERVE_NATIVE_ROUTE=0 (predict on the Python route, as before
+recserve.processor.native_predict), runs in the same rounds: its rate is in each row's
+name. The machine is shared with other agents: compare ratios."""
 
 
 def _body(inputs: dict[str, np.ndarray]) -> bytes:
@@ -54,7 +58,7 @@ def run() -> list[Row]:
         # throughput: every request of both is served.
         config.write_text(json.dumps(model.config(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
                                                   max_queue_ms=60_000)))
-        ours_port, peer_port = free_port(), free_port()
+        ours_port, peer_port, python_port = free_port(), free_port(), free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
              "--http-port", str(ours_port), "--grpc-port", str(free_port())], cwd=ROOT))
@@ -62,30 +66,43 @@ def run() -> list[Row]:
             [str(PEER_PYTHON), str(ROOT / "benchmarks" / "peers" / "kserve_onnx.py"), str(model.onnx_path), "plain",
              str(peer_port), str(free_port()), "--configure_logging", "false"], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # recserve with its native route off: Processor.predict on the Python route, as the
+        # KServe handlers served before recserve.processor.native_predict.
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
+             "--http-port", str(python_port), "--grpc-port", str(free_port())], cwd=ROOT,
+            env={**os.environ, "RECSERVE_NATIVE_ROUTE": "0"}))
         ours = f"http://127.0.0.1:{ours_port}/v2/models/default/infer"
         peer = f"http://127.0.0.1:{peer_port}/v2/models/plain/infer"
+        python = f"http://127.0.0.1:{python_port}/v2/models/default/infer"
         wait_ready(f"http://127.0.0.1:{ours_port}/v2/health/ready", procs[0], what="recserve serve", timeout=120)
         wait_ready(f"http://127.0.0.1:{peer_port}/v2/models/plain/ready", procs[1], what="the KServe peer", timeout=120)
+        wait_ready(f"http://127.0.0.1:{python_port}/v2/health/ready", procs[2], what="recserve serve (Python route)",
+                   timeout=120)
         rows = []
         for batch in (1, 64):
             body = _body(model.sample(batch, np.random.default_rng(batch)))
             answers = [httpx.post(url, content=body, headers={"Content-Type": "application/json"}).json()
-                       for url in (ours, peer)]
-            mine, theirs = (np.asarray(a["outputs"][0]["data"], np.float32) for a in answers)
+                       for url in (ours, peer, python)]
+            mine, theirs, before = (np.asarray(a["outputs"][0]["data"], np.float32) for a in answers)
             np.testing.assert_allclose(mine, theirs, atol=1e-5)
+            np.testing.assert_array_equal(mine, before)
             script = post_script(root, body, f"b{batch}", content_type="application/json")
-            rates: dict[str, list[float]] = {ours: [], peer: []}
-            for url in (ours, peer):
+            rates: dict[str, list[float]] = {ours: [], peer: [], python: []}
+            for url in rates:
                 wrk(url, script, threads=1, connections=16, seconds=2)
             for _ in range(ROUNDS):
-                for url in (ours, peer):
+                for url, measured in rates.items():
                     result = wrk(url, script, threads=1, connections=16, seconds=SECONDS)
                     assert result["non2xx"] == 0, result
-                    rates[url].append(result["requests"] / result["seconds"])
+                    measured.append(result["requests"] / result["seconds"])
             mine_rate, peer_rate = float(np.median(rates[ours])), float(np.median(rates[peer]))
+            python_rate = float(np.median(rates[python]))
             ratio = mine_rate / peer_rate
             rows.append(Row(f"KServe v2 JSON, plain ONNX model, batch {batch}, wrk -c16: recserve / KServe's Python "
-                            "server (onnxruntime), requests/s", f"{mine_rate:,.0f} req/s", f"{peer_rate:,.0f} req/s",
+                            f"server (onnxruntime), requests/s (recserve with the native route off "
+                            f"{python_rate:,.0f} req/s; load average {os.getloadavg()[0]:.1f})",
+                            f"{mine_rate:,.0f} req/s", f"{peer_rate:,.0f} req/s",
                             ratio, f">= {GOALS[batch]:g}", ratio >= GOALS[batch]))
         return rows
     finally:

@@ -975,3 +975,5 @@ counted:
         info[RS_INFO_REASON] = reason;
     return 0;
 }
+
+#include "route_values.inc"
