@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from recserve.embedding import StringKeys
 from recserve.errors import RecserveError
 from recserve.native_library import open_library
 
 if TYPE_CHECKING:
-    from recserve.embedding import StringKeys
     from recserve.processor.request_route import RequestRoute, _FoldedFeed
     from recserve.processor.servable import Servable
     from recserve.processor.session_group import SessionGroup
@@ -337,7 +337,7 @@ class NativeServable:
         self._vocabularies: dict[int, tuple[StringKeys, int]] = {}
         for _, bound, _ in servable.plans.values():
             for _, _, keys in bound:
-                if keys is not None and keys.vocabulary:
+                if isinstance(keys, StringKeys) and keys.vocabulary:
                     self._vocabulary(keys)
         _served_by[self.id] = (servable.version, weakref.ref(servable))
 
@@ -456,7 +456,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
     whose wire type or cast has no native reader (half floats, complex, strings fed to the
     graph as they are), a Concat the session group folds that the route cannot, or a string
     vocabulary that could not be built (`vocabulary` returned 0, or none was given), a
-    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64).
+    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64), an integer
+    vocabulary (IntegerKeys: keyed in Python).
     `concat`: the session group's folded Concat of graph inputs, if it has one;
     `vocabulary`: the servable's native handle of a StringKeys' vocabulary."""
     names: dict[str, int] = {}
@@ -476,6 +477,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
+        if not isinstance(keys, StringKeys):
+            return None   # an integer vocabulary: no native form yet
         if keys.vocabulary:
             if keys.oov_buckets >= 1 << 63:
                 return None   # no int64 holds it
