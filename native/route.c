@@ -678,9 +678,27 @@ static uint8_t* put_varint(uint8_t* p, uint64_t v) {
 }
 
 typedef struct {
-    int dtype, field; /* ArrayDataType, value field's tag byte */
-    size_t dims_size, shape_size, values_size, array_size, entry_size, key_size;
+    int dtype, field; /* DataType (tensorflow.eas's ArrayDataType numbers are TensorFlow's), value field's tag byte */
+    size_t dims_size, shape_size, payload, values_size, array_size, body, entry_size, key_size;
 } output_plan;
+
+/* The two responses the route writes: DeepRec's tensorflow.eas.PredictResponse (outputs as
+ * ArrayProto, recserve.wire.codec) and TF Serving's tensorflow.serving.PredictResponse
+ * (outputs as TensorProto, recserve.wire.tfserving_codec; the caller appends its
+ * model_spec). Both: map entries (name, array), in the route's output order. */
+typedef enum { WIRE_EAS = 0, WIRE_TFS = 1 } wire;
+
+/* An output's value field tag byte per wire, by RS_ELEM_*; 0: not written here. */
+static int value_field(wire w, int32_t elem_type) {
+    switch (elem_type) {
+    case RS_ELEM_FLOAT: return w == WIRE_EAS ? 0x1A : 0x2A;  /* float_val: packed fixed32 */
+    case RS_ELEM_DOUBLE: return w == WIRE_EAS ? 0x22 : 0x32; /* double_val: packed fixed64 */
+    case RS_ELEM_INT32: return w == WIRE_EAS ? 0x2A : 0x3A;  /* int_val: packed varints */
+    case RS_ELEM_INT64: return w == WIRE_EAS ? 0x3A : 0x52;  /* int64_val */
+    case RS_ELEM_BOOL: return w == WIRE_EAS ? 0x42 : 0x5A;   /* bool_val */
+    default: return 0;
+    }
+}
 
 static uint64_t varint_value(const rs_tensor_out* o, int64_t i) {
     switch (o->elem_type) {
@@ -690,9 +708,14 @@ static uint64_t varint_value(const rs_tensor_out* o, int64_t i) {
     }
 }
 
-/* The sizes of one PredictResponse.outputs entry as recserve.wire.codec writes it; false for
- * an output it does not write here. */
-static bool plan_output(const rs_tensor_out* o, const char* key, output_plan* p) {
+/* A TensorShapeProto.Dim's bytes: its size (field 1) unless 0 (proto3 leaves it out). */
+static size_t tf_dim_size(int64_t d) {
+    return d ? 1 + varint_size((uint64_t)d) : 0;
+}
+
+/* The sizes of one PredictResponse.outputs entry as recserve's Python encoder for `w`
+ * writes it; false for an output it does not write here. */
+static bool plan_output(wire w, const rs_tensor_out* o, const char* key, output_plan* p) {
     int64_t elements = 1;
     if (o->rank > RS_DENSE_MAX_RANK)
         return false;
@@ -701,36 +724,44 @@ static bool plan_output(const rs_tensor_out* o, const char* key, output_plan* p)
         if (o->shape[i] < 0)
             return false;
         elements *= o->shape[i];
-        p->dims_size += varint_size((uint64_t)o->shape[i]);
+        if (w == WIRE_EAS) /* ArrayShape.dim: packed int64 */
+            p->dims_size += varint_size((uint64_t)o->shape[i]);
+        else /* TensorShapeProto.dim: a message each */
+            p->dims_size += 1 + varint_size(tf_dim_size(o->shape[i])) + tf_dim_size(o->shape[i]);
     }
     size_t width = elem_size(o->elem_type);
-    if (!width || (size_t)elements * width != o->bytes || (elements && !o->data))
+    p->field = value_field(w, o->elem_type);
+    if (!width || !p->field || (size_t)elements * width != o->bytes || (elements && !o->data))
         return false;
+    p->dtype = o->elem_type == RS_ELEM_FLOAT    ? DT_FLOAT
+               : o->elem_type == RS_ELEM_DOUBLE ? DT_DOUBLE
+               : o->elem_type == RS_ELEM_INT32  ? DT_INT32
+               : o->elem_type == RS_ELEM_INT64  ? DT_INT64
+                                                : DT_BOOL;
     size_t payload = 0;
-    switch (o->elem_type) {
-    case RS_ELEM_FLOAT: p->dtype = DT_FLOAT; p->field = 0x1A; payload = o->bytes; break;
-    case RS_ELEM_DOUBLE: p->dtype = DT_DOUBLE; p->field = 0x22; payload = o->bytes; break;
-    case RS_ELEM_INT32: p->dtype = DT_INT32; p->field = 0x2A; break;
-    case RS_ELEM_INT64: p->dtype = DT_INT64; p->field = 0x3A; break;
-    case RS_ELEM_BOOL: p->dtype = DT_BOOL; p->field = 0x42; break;
-    default: return false;
-    }
-    if (p->field >= 0x2A)
+    if (o->elem_type == RS_ELEM_FLOAT || o->elem_type == RS_ELEM_DOUBLE)
+        payload = o->bytes;
+    else
         for (int64_t i = 0; i < elements; i++)
             payload += varint_size(varint_value(o, i));
-    p->shape_size = p->dims_size ? 1 + varint_size(p->dims_size) + p->dims_size : 0;
+    if (w == WIRE_EAS) /* array_shape is left out when it has no dims */
+        p->shape_size = p->dims_size ? 1 + varint_size(p->dims_size) + p->dims_size : 0;
+    else /* tensor_shape is always written, a scalar's empty */
+        p->shape_size = p->dims_size;
+    p->payload = payload;
     p->values_size = payload ? 1 + varint_size(payload) + payload : 0;
     p->array_size = 1 + varint_size((uint64_t)p->dtype) + 1 + varint_size(p->shape_size) + p->shape_size + p->values_size;
     p->key_size = strlen(key);
-    size_t body = 1 + varint_size(p->key_size) + p->key_size + 1 + varint_size(p->array_size) + p->array_size;
-    p->entry_size = 1 + varint_size(body) + body;
+    p->body = 1 + varint_size(p->key_size) + p->key_size + 1 + varint_size(p->array_size) + p->array_size;
+    p->entry_size = 1 + varint_size(p->body) + p->body;
     return true;
 }
 
-static uint8_t* put_output(uint8_t* at, const rs_tensor_out* o, const char* key, const output_plan* p) {
-    size_t body = p->entry_size - 1 - varint_size(p->entry_size - 1);
+static uint8_t* put_output(wire w, uint8_t* at, const rs_tensor_out* o, const char* key, const output_plan* p) {
+    /* (The sizes are the plan's: one recomputed from a total, e.g. a body of 127 bytes from
+     * its entry's 129, would take the wrong varint width.) */
     *at++ = 0x0A;
-    at = put_varint(at, body);
+    at = put_varint(at, p->body);
     *at++ = 0x0A;
     at = put_varint(at, p->key_size);
     memcpy(at, key, p->key_size);
@@ -741,17 +772,25 @@ static uint8_t* put_output(uint8_t* at, const rs_tensor_out* o, const char* key,
     at = put_varint(at, (uint64_t)p->dtype);
     *at++ = 0x12;
     at = put_varint(at, p->shape_size);
-    if (p->shape_size) {
+    if (w == WIRE_EAS && p->shape_size) {
         *at++ = 0x0A;
         at = put_varint(at, p->dims_size);
         for (size_t i = 0; i < o->rank; i++)
             at = put_varint(at, (uint64_t)o->shape[i]);
+    } else if (w == WIRE_TFS) {
+        for (size_t i = 0; i < o->rank; i++) {
+            *at++ = 0x12;
+            at = put_varint(at, tf_dim_size(o->shape[i]));
+            if (o->shape[i]) {
+                *at++ = 0x08;
+                at = put_varint(at, (uint64_t)o->shape[i]);
+            }
+        }
     }
     if (p->values_size) {
-        size_t payload = p->values_size - 1 - varint_size(p->values_size - 1);
         *at++ = (uint8_t)p->field;
-        at = put_varint(at, payload);
-        if (p->field < 0x2A) {
+        at = put_varint(at, p->payload);
+        if (o->elem_type == RS_ELEM_FLOAT || o->elem_type == RS_ELEM_DOUBLE) {
             memcpy(at, o->data, o->bytes);
             at += o->bytes;
         } else {
@@ -764,7 +803,7 @@ static uint8_t* put_output(uint8_t* at, const rs_tensor_out* o, const char* key,
 }
 
 /* 0 with the response in *out, or an RS_FALLBACK_* reason. */
-static int encode(const route* rt, const rs_tensor_out* outs, uint8_t** out, int64_t* out_size) {
+static int encode(wire w, const route* rt, const rs_tensor_out* outs, uint8_t** out, int64_t* out_size) {
     output_plan plans_small[16];
     output_plan* plans = rt->n_outputs <= 16 ? plans_small : malloc((size_t)rt->n_outputs * sizeof *plans);
     if (!plans)
@@ -772,7 +811,7 @@ static int encode(const route* rt, const rs_tensor_out* outs, uint8_t** out, int
     size_t total = 0;
     int reason = 0;
     for (int64_t i = 0; i < rt->n_outputs && !reason; i++) {
-        if (!plan_output(&outs[i], rt->output_keys[i], &plans[i]))
+        if (!plan_output(w, &outs[i], rt->output_keys[i], &plans[i]))
             reason = RS_FALLBACK_OUTPUT;
         total += plans[i].entry_size;
     }
@@ -782,7 +821,7 @@ static int encode(const route* rt, const rs_tensor_out* outs, uint8_t** out, int
     if (!reason) {
         uint8_t* at = buffer;
         for (int64_t i = 0; i < rt->n_outputs; i++)
-            at = put_output(at, &outs[i], rt->output_keys[i], &plans[i]);
+            at = put_output(w, at, &outs[i], rt->output_keys[i], &plans[i]);
         *at = '\0';
         *out = buffer;
         *out_size = (int64_t)total;
@@ -794,22 +833,39 @@ static int encode(const route* rt, const rs_tensor_out* outs, uint8_t** out, int
 
 /* ---- the route --------------------------------------------------------------------------- */
 
-/* Parses `data` into a fresh values buffer; the layout is scratch's first *layout_size bytes.
- * 0, or an RS_FALLBACK_* reason. */
-static int parse(const uint8_t* data, int64_t size, int64_t** values, int64_t** scratch, int64_t* layout_size) {
-    *values = malloc((size_t)(size + 1) * sizeof(int64_t)); /* the parser's bound: a slot per byte */
+typedef int64_t (*decode_fn)(const uint8_t* data, int64_t size, int64_t* values, int64_t values_cap,
+                             int64_t* scratch, int64_t scratch_cap);
+
+/* Parses `data` with `decode` into a fresh values buffer of *values_cap slots; the layout is
+ * scratch's first *layout_size bytes. 0, or an RS_FALLBACK_* reason. */
+static int parse(wire w, const uint8_t* data, int64_t size, int64_t** values, int64_t* values_cap,
+                 int64_t** scratch, int64_t* layout_size) {
+    decode_fn decode = w == WIRE_EAS ? rs_decode_request : rs_decode_tfs_request;
+    *values_cap = size + 1; /* the parser's bound: a slot per byte (codec.h) */
+    *values = malloc((size_t)*values_cap * sizeof(int64_t));
     int64_t cap = SCRATCH_START;
     *scratch = malloc((size_t)cap * sizeof(int64_t));
     if (!*values || !*scratch)
         return RS_FALLBACK_MEMORY;
-    int64_t got = rs_decode_request(data, size, *values, size + 1, *scratch, cap);
-    while (got == -RS_CODEC_SCRATCH_FULL && cap < SCRATCH_MAX) {
-        cap *= 4;
-        int64_t* bigger = realloc(*scratch, (size_t)cap * sizeof(int64_t));
-        if (!bigger)
-            return RS_FALLBACK_MEMORY;
-        *scratch = bigger;
-        got = rs_decode_request(data, size, *values, size + 1, *scratch, cap);
+    int64_t got;
+    for (;;) {
+        got = decode(data, size, *values, *values_cap, *scratch, cap);
+        if (got == -RS_CODEC_SCRATCH_FULL && cap < SCRATCH_MAX) {
+            cap *= 4;
+            int64_t* bigger = realloc(*scratch, (size_t)cap * sizeof(int64_t));
+            if (!bigger)
+                return RS_FALLBACK_MEMORY;
+            *scratch = bigger;
+        } else if (got == -RS_CODEC_VALUES_FULL && w == WIRE_TFS && *values_cap == size + 1) {
+            /* a TF Serving tensor whose last value repeats to fill it: codec.h's bound */
+            *values_cap = 2 * (size + 1) + 2 * RS_CODEC_TFS_MAX_FILL;
+            int64_t* bigger = realloc(*values, (size_t)*values_cap * sizeof(int64_t));
+            if (!bigger)
+                return RS_FALLBACK_MEMORY;
+            *values = bigger;
+        } else {
+            break;
+        }
     }
     if (got < 0)
         return RS_FALLBACK_PARSE;
@@ -817,8 +873,36 @@ static int parse(const uint8_t* data, int64_t size, int64_t** values, int64_t** 
     return 0;
 }
 
+static bool skip_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; *p < end && shift < 64; shift += 7) {
+        uint8_t byte = *(*p)++;
+        *v |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80)
+            return true;
+    }
+    return false;
+}
+
+/* Where the layout starts behind rs_decode_tfs_request's ModelSpec prefix (name, version
+ * kind, the version or the label); -1 if the prefix is malformed (it never is). */
+static int64_t tfs_layout_start(const uint8_t* layout, int64_t size) {
+    const uint8_t *p = layout, *end = layout + size;
+    uint64_t n, kind, v;
+    if (!skip_varint(&p, end, &n) || n > (uint64_t)(end - p))
+        return -1;
+    p += n;
+    if (!skip_varint(&p, end, &kind) || (kind == 1 && !skip_varint(&p, end, &v)))
+        return -1;
+    if (kind == 2 && (!skip_varint(&p, end, &n) || n > (uint64_t)(end - p)))
+        return -1;
+    if (kind == 2)
+        p += n;
+    return p - layout;
+}
+
 /* Runs a found route over a parsed request; 0 with the response, or an RS_FALLBACK_* reason. */
-static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, uint8_t** out,
+static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, uint8_t** out,
                  int64_t* out_size, int64_t* times) {
     int reason = 0;
     size_t n_inputs = (size_t)(rt->n_bound + rt->n_dense + (rt->fold_name ? 1 : 0));
@@ -901,7 +985,7 @@ static int serve(rs_servable* s, const route* rt, const uint8_t* data, int64_t* 
         reason = RS_FALLBACK_RUN;
         goto done;
     }
-    reason = encode(rt, outs, out, out_size);
+    reason = encode(w, rt, outs, out, out_size);
     for (int64_t i = 0; i < rt->n_outputs; i++)
         free(outs[i].data);
 done:
@@ -916,8 +1000,8 @@ done:
     return reason;
 }
 
-int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out, int64_t* out_size,
-                     int64_t* info) {
+static int process(wire w, rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
+                   int64_t* out_size, int64_t* info) {
     int64_t started = now_ns(CLOCK_MONOTONIC);
     int64_t times[3] = {0};
     int reason = 0;
@@ -933,19 +1017,21 @@ int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uin
         reason = atomic_load(&slot->reason_if_null);
         goto counted;
     }
-    int64_t layout_size = 0;
+    int64_t layout_size = 0, values_cap = 0, start = 0;
     const route* rt = NULL;
-    reason = parse(data, size, &values, &scratch, &layout_size);
+    reason = parse(w, data, size, &values, &values_cap, &scratch, &layout_size);
+    if (!reason && w == WIRE_TFS && (start = tfs_layout_start((const uint8_t*)scratch, layout_size)) < 0)
+        reason = RS_FALLBACK_PARSE;
     if (!reason) {
-        rt = find_route(s, (const uint8_t*)scratch, layout_size);
+        rt = find_route(s, (const uint8_t*)scratch + start, layout_size - start);
         if (rt && rt->refused)
             reason = RS_FALLBACK_NOT_NATIVE;
-        else if (!rt || rt->values_end > size + 1)
+        else if (!rt || rt->values_end > values_cap)
             reason = RS_FALLBACK_ROUTE_MISS;
     }
     times[0] = now_ns(CLOCK_MONOTONIC);
     if (!reason)
-        reason = serve(s, rt, data, values, out, out_size, times);
+        reason = serve(w, s, rt, data, values, out, out_size, times);
     int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
     unlease(s);
     free(values);
@@ -975,3 +1061,15 @@ counted:
         info[RS_INFO_REASON] = reason;
     return 0;
 }
+
+int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out, int64_t* out_size,
+                     int64_t* info) {
+    return process(WIRE_EAS, slot, data, size, out, out_size, info);
+}
+
+int rs_route_process_tfs(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
+                         int64_t* out_size, int64_t* info) {
+    return process(WIRE_TFS, slot, data, size, out, out_size, info);
+}
+
+#include "route_values.inc"

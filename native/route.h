@@ -119,4 +119,20 @@ RS_ROUTE_API void rs_servable_free(rs_servable* s);
 RS_ROUTE_API int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
                                   int64_t* out_size, int64_t* info);
 
+/* The same for TF Serving: tensorflow.serving.PredictRequest bytes (rs_decode_tfs_request's
+ * requests) -> the tensorflow.serving.PredictResponse's outputs (TensorProto, as
+ * recserve.wire.tfserving_codec writes them), served by the same routes (a request's layout
+ * behind its ModelSpec prefix is the EAS one). The ModelSpec is not read here: the caller
+ * checks the request's model, version and label against the servable that answered
+ * (info[RS_INFO_SERVABLE]) and appends the response's model_spec (field 2). */
+RS_ROUTE_API int rs_route_process_tfs(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
+                                      int64_t* out_size, int64_t* info);
+
+/* rs_route_process for a request already decoded (route_values.inc): `layout` and `values`
+ * exactly as rs_decode_request leaves them for some request (codec.h), string spans being
+ * offsets into `data`. Never writes `values`. Returns as rs_route_process. */
+RS_ROUTE_API int rs_route_process_values(rs_route_slot* slot, const uint8_t* layout, int64_t layout_size,
+                                         const int64_t* values, int64_t n_values, const uint8_t* data,
+                                         uint8_t** out, int64_t* out_size, int64_t* info);
+
 #endif

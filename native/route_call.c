@@ -19,16 +19,23 @@
 typedef int (*route_process_fn)(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
                                 int64_t* out_size, int64_t* info);
 
-static route_process_fn route_process = NULL;
+static route_process_fn route_process = NULL, route_process_tfs = NULL;
 
-static PyObject* bind(PyObject* module, PyObject* address) {
-    void* fn = PyLong_AsVoidPtr(address);
-    if (!fn) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bind: the address of rs_route_process must not be 0");
+/* bind(process_address, process_tfs_address): rs_route_process and rs_route_process_tfs. */
+static PyObject* bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "bind(process, process_tfs) takes 2 arguments, not %zd", nargs);
         return NULL;
     }
-    route_process = (route_process_fn)fn;
+    void* process = PyLong_AsVoidPtr(args[0]);
+    void* process_tfs = process ? PyLong_AsVoidPtr(args[1]) : NULL;
+    if (!process || !process_tfs) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bind: the address of rs_route_process(_tfs) must not be 0");
+        return NULL;
+    }
+    route_process = (route_process_fn)process;
+    route_process_tfs = (route_process_fn)process_tfs;
     Py_RETURN_NONE;
 }
 
@@ -36,13 +43,9 @@ static PyObject* bind(PyObject* module, PyObject* address) {
  * `data`: bytes or any contiguous buffer (bytearray, memoryview), read in place with the GIL
  * released -- its owner must not change it meanwhile (a resize is refused while the view is
  * held); anything else is not served here (the Python route answers it). */
-static int call(PyObject* const* args, Py_ssize_t nargs, const char* name, uint8_t** out, int64_t* out_size,
-                int64_t* info) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s(slot, data) takes 2 arguments, not %zd", name, nargs);
-        return -1;
-    }
-    if (!route_process) {
+static int call(route_process_fn function, PyObject* const* args, const char* name, uint8_t** out,
+                int64_t* out_size, int64_t* info) {
+    if (!function) {
         PyErr_Format(PyExc_RuntimeError, "%s: bind(address of rs_route_process) was not called", name);
         return -1;
     }
@@ -70,7 +73,7 @@ static int call(PyObject* const* args, Py_ssize_t nargs, const char* name, uint8
     }
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = route_process(slot, data, size, out, out_size, info);
+    status = function(slot, data, size, out, out_size, info);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);   /* a no-op for bytes (view not taken) */
     return status;
@@ -88,7 +91,11 @@ static PyObject* response(uint8_t* out, int64_t out_size) {
 static PyObject* process(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
     uint8_t* out = NULL;
     int64_t out_size = 0;
-    int status = call(args, nargs, "process", &out, &out_size, NULL);
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "process(slot, data) takes 2 arguments, not %zd", nargs);
+        return NULL;
+    }
+    int status = call(route_process, args, "process", &out, &out_size, NULL);
     if (status < 0)
         return NULL;
     if (status != 200)
@@ -96,13 +103,21 @@ static PyObject* process(PyObject* module, PyObject* const* args, Py_ssize_t nar
     return response(out, out_size);
 }
 
-/* process_traced(slot, data) -> (bytes, (servable id, batch, t0, t1, t2, t3, t4)) | None: as
- * process, with what a trace records (route.h's RS_INFO_*: the times are CLOCK_MONOTONIC ns
- * at the start, after decode, lookup, run and encode). */
+/* process_traced(slot, data, tfs) -> (bytes, (servable id, batch, t0, t1, t2, t3, t4)) | None:
+ * as process (rs_route_process_tfs when tfs is true), with what a trace records (route.h's
+ * RS_INFO_*: the times are CLOCK_MONOTONIC ns at the start, after decode, lookup, run and
+ * encode; the servable id also names the version a TF Serving answer must check). */
 static PyObject* process_traced(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
     uint8_t* out = NULL;
     int64_t out_size = 0, info[RS_INFO_SIZE] = {0};
-    int status = call(args, nargs, "process_traced", &out, &out_size, info);
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "process_traced(slot, data, tfs) takes 3 arguments, not %zd", nargs);
+        return NULL;
+    }
+    int tfs = PyObject_IsTrue(args[2]);
+    if (tfs < 0)
+        return NULL;
+    int status = call(tfs ? route_process_tfs : route_process, args, "process_traced", &out, &out_size, info);
     if (status < 0)
         return NULL;
     if (status != 200)
@@ -116,12 +131,13 @@ static PyObject* process_traced(PyObject* module, PyObject* const* args, Py_ssiz
 }
 
 static PyMethodDef methods[] = {
-    {"bind", (PyCFunction)bind, METH_O, "bind(address): use the rs_route_process at this address."},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(process, process_tfs): use rs_route_process and rs_route_process_tfs at these addresses."},
     {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
      "process(slot, data) -> bytes | None: one request on the native route, the GIL released."},
     {"process_traced", (PyCFunction)(void (*)(void))process_traced, METH_FASTCALL,
-     "process_traced(slot, data) -> (bytes, (servable, batch, t0, t1, t2, t3, t4)) | None: process, with its "
-     "trace."},
+     "process_traced(slot, data, tfs) -> (bytes, (servable, batch, t0, t1, t2, t3, t4)) | None: process "
+     "(rs_route_process_tfs if tfs), with its trace."},
     {NULL, NULL, 0, NULL},
 };
 

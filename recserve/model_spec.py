@@ -98,7 +98,9 @@ class EmbeddingBinding:
     # "vocabulary"): a converted SavedModel's vocabulary columns and Keras StringLookup layers.
     # A string not in it gets `oov_start + Fingerprint64 % oov_buckets` when oov_buckets > 0
     # (num_oov_buckets, num_oov_indices > 1), else `default_id` (-1: dropped, as padding).
-    vocabulary: tuple[str | None, ...] = ()  # None: an id no string has (a gap)
+    # With key_dtype "int64" the list holds integer ids (integer vocabulary columns, Keras
+    # IntegerLookup; no oov_buckets), and `empty_is_padding` False looks id -1 up like any id.
+    vocabulary: tuple[str | int | None, ...] = ()  # None: an id no string has (a gap)
     vocabulary_start: int = 0
     default_id: int = -1
     oov_buckets: int = 0
@@ -106,6 +108,10 @@ class EmbeddingBinding:
     # '' is padding (feature columns drop it); False: '' is hashed or looked up like any
     # string (Keras's Hashing and StringLookup layers).
     empty_is_padding: bool = True
+    # The table is a TensorFlow variable partitioned in parts of these row counts, saved as
+    # their concatenation and looked up with partition_strategy 'mod': row r of part k holds
+    # id r * len(parts) + k (model_store.table_data.mod_partition_ids). Empty: row i is id i.
+    mod_partitions: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         hashing: dict[str, Any] = {"key_hash": KEY_HASH_TF, "buckets": self.buckets} if self.buckets else {}
@@ -116,6 +122,8 @@ class EmbeddingBinding:
             hashing |= {key: value for key, (value, unset) in options.items() if value != unset}
         if not self.empty_is_padding:
             hashing["empty_is_padding"] = False
+        if self.mod_partitions:
+            hashing["mod_partitions"] = list(self.mod_partitions)
         return hashing | {
             "input": self.input,
             "table": self.table,
@@ -164,7 +172,7 @@ class ModelSpec:
 
 _VOCABULARY_OPTIONS = {"vocabulary_start": 0, "default_id": -1, "oov_buckets": 0, "oov_start": 0}
 _BINDING_KEYS = {"input", "table", "dim", "combiner", "graph_input", "key_dtype", "default", "key_hash", "buckets",
-                 "vocabulary", "empty_is_padding", *_VOCABULARY_OPTIONS}
+                 "vocabulary", "empty_is_padding", "mod_partitions", *_VOCABULARY_OPTIONS}
 
 
 def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
@@ -200,7 +208,13 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     elif "buckets" in raw:
         raise ModelLoadError(f"{where}: 'buckets' goes with 'key_hash' {KEY_HASH_TF!r}")
     vocabulary = raw.get("vocabulary", [])
-    if key_hash == KEY_HASH_VOCABULARY:
+    if key_hash == KEY_HASH_VOCABULARY and key_dtype == "int64":
+        if not isinstance(vocabulary, list) or not any(_is_int(w) for w in vocabulary) or \
+                not all(w is None or _is_int(w) for w in vocabulary) or raw.get("oov_buckets", 0):
+            raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_VOCABULARY!r} with 'key_dtype' \"int64\" needs "
+                                 "'vocabulary' a non-empty list of integers (null: a key no id has) and no "
+                                 "'oov_buckets'")
+    elif key_hash == KEY_HASH_VOCABULARY:
         if key_dtype != "string" or not isinstance(vocabulary, list) or \
                 not any(isinstance(w, str) for w in vocabulary) or \
                 not all(w is None or isinstance(w, str) for w in vocabulary):
@@ -219,6 +233,11 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     if not isinstance(empty_is_padding, bool) or (not empty_is_padding and key_hash == "xxh64"):
         raise ModelLoadError(f"{where}: 'empty_is_padding' is {empty_is_padding!r}; it is true or false, and false "
                              f"goes with 'key_hash' {KEY_HASH_TF!r} or {KEY_HASH_VOCABULARY!r}")
+    partitions = raw.get("mod_partitions", [])
+    if not isinstance(partitions, list) or len(partitions) == 1 or \
+            not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in partitions):
+        raise ModelLoadError(f"{where}: 'mod_partitions' is {partitions!r}; it lists the row counts (positive "
+                             "integers) of the table's 2 or more partitions, in partition order")
     graph_input = raw.get("graph_input", raw["input"])
     if not isinstance(graph_input, str):
         raise ModelLoadError(f"{where}: 'graph_input' must be a string")
@@ -233,8 +252,13 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         buckets=buckets if key_hash == KEY_HASH_TF else 0,
         vocabulary=tuple(vocabulary) if key_hash == KEY_HASH_VOCABULARY else (),
         empty_is_padding=empty_is_padding,
+        mod_partitions=tuple(partitions),
         **options,
     )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parse_name_map(raw: Any, where: str) -> dict[str, str]:
@@ -273,10 +297,10 @@ def parse_model_spec(text: str | bytes, source: str = "model.json") -> ModelSpec
     first: dict[str, EmbeddingBinding] = {}
     for b in bindings:
         other = first.setdefault(b.table, b)
-        if (other.dim, other.default) != (b.dim, b.default):
+        if (other.dim, other.default, other.mod_partitions) != (b.dim, b.default, b.mod_partitions):
             raise ModelLoadError(
                 f"{source}: table {b.table!r} is bound by {other.input!r} and {b.input!r} with "
-                "different 'dim' or 'default'; bindings sharing a table must agree on both"
+                "different 'dim', 'default' or 'mod_partitions'; bindings sharing a table must agree on them"
             )
     signatures: dict[str, SignatureSpec] | None = None
     if "signatures" in doc:

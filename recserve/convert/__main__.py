@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             from recserve.convert.parity import check_parity
 
             report = check_parity(args.savedmodel_dir, args.out_dir, conversion.signature, args.check,
-                                  {lookup.input: lookup.padded for lookup in conversion.lookups})
+                                  {lookup.input: lookup.padded for lookup in conversion.lookups},
+                                  {lookup.weights: lookup.input for lookup in conversion.lookups if lookup.weights})
             print(report.summary())
     except RecserveError as exc:
         shutil.rmtree(args.out_dir, ignore_errors=True)  # ours (it did not exist): a refused conversion leaves nothing
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         default = defaults[lookup.table]
         missing = (f"; missing ids: row id mod {len(default.matrix)} of {default.rows_file}"
                    if default.matrix is not None else "")
-        print(f"lookup {lookup.input!r} -> table {lookup.table!r} (dim {lookup.dim}, {lookup.combiner}{missing})")
+        weighted = f" weighted by {lookup.weights!r}" if lookup.weights else ""
+        print(f"lookup {lookup.input!r} -> table {lookup.table!r} (dim {lookup.dim}, {lookup.combiner}{weighted}{missing})")
     print(f"wrote {args.out_dir}")
     return 0
 

@@ -1,7 +1,9 @@
 """The dense rest of a SavedModel's serving graph, to ONNX through tf2onnx (DESIGN §4c).
 
-Each lookup's cut tensor becomes a float32 graph input; what only fed the lookups (the ids'
-hashing and padding, the gathers, DeepRec's EV ops that TensorFlow could not even import)
+Each lookup's cut tensor becomes a float32 graph input (a weighted lookup's: its weighted
+pooling of the engine's unpooled rows, with the weights input as a graph input too); what
+only fed the lookups (the ids' hashing and padding, the gathers, DeepRec's EV ops that
+TensorFlow could not even import)
 is pruned away with every control edge (Asserts do not serve); the variables still read are
 frozen to constants from the SavedModel's `variables/` bundle (recserve's own reader, sliced
 tensors included). tf2onnx then converts what is left; graph inputs and outputs get the
@@ -51,11 +53,15 @@ def dense_graph(graph_def: Any, lookups: Sequence[Lookup], outputs: Sequence[str
     new GraphDef and, for each tensor holding a variable's value (the Const, its reads),
     that variable's name."""
     out = copy.deepcopy(graph_def)
-    cuts = {lk.cut: _placeholder_name(lk) for lk in lookups}
+    cuts = {lk.cut: _weighted_pooling_name(lk) if lk.weights else _placeholder_name(lk) for lk in lookups}
     for node in out.node:
         node.input[:] = [cuts.get(tensor_name(ref), ref) for ref in node.input if not ref.startswith("^")]
     for lk in lookups:
-        _placeholder(out, _placeholder_name(lk), lk.dim, lk.rank)
+        if lk.weights:
+            nodes = {n.name: n for n in graph_def.node}
+            out.node.extend(_weighted_pooling(lk, nodes[lk.input], nodes[lk.weights]))
+        else:
+            _placeholder(out, _placeholder_name(lk), lk.dim, lk.rank)
     by_name = {n.name: n for n in out.node}
     keep: set[str] = set()
     stack = [node_name(o) for o in outputs]
@@ -75,6 +81,42 @@ def dense_graph(graph_def: Any, lookups: Sequence[Lookup], outputs: Sequence[str
 
 def _placeholder_name(lookup: Lookup) -> str:
     return f"recserve_lookup/{lookup.input}"
+
+
+def _weighted_pooling_name(lookup: Lookup) -> str:
+    return f"recserve_weighted/{lookup.input}/pooled"
+
+
+def _weighted_pooling(lookup: Lookup, ids: Any, weights: Any) -> list[Any]:
+    """The nodes pooling a weighted lookup's unpooled rows ([batch, L, dim], or [batch, dim]
+    for ids [batch]: L = 1) with its weights input (the signature's placeholder `weights`) as
+    TensorFlow's embedding_lookup_sparse does: sum(w * row) over the ids; mean divides by
+    sum(w), sqrtn by sqrt(sum(w^2)), both over the ids whose weight is > 0 only
+    (safe_embedding_lookup_sparse drops the others, ids and weights); padding ids have zero
+    rows; a sample left without ids pools to zeros (div_no_nan). Built by TensorFlow itself,
+    in a graph of its own, and grafted in: the rows placeholder (the ids' shape + [dim]) is
+    the lookup's graph input."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        ids_shape = [d.size if d.size >= 0 else None for d in ids.attr["shape"].shape.dim]  # rows and weights: the same L
+        rows = tf1.placeholder(tf.float32, ids_shape + [lookup.dim], name=_placeholder_name(lookup))
+        w = tf1.placeholder(tf.as_dtype(weights.attr["dtype"].type), None, name=lookup.weights)
+        with tf1.name_scope(f"recserve_weighted/{lookup.input}/"):
+            w = tf.cast(w, tf.float32)
+            if lookup.rank == 2:  # ids [batch]: one id per sample
+                rows, w = tf.expand_dims(rows, 1), tf.expand_dims(w, 1)
+            if lookup.combiner != "sum":  # only sum keeps the ids of weight <= 0
+                w = tf.where(w > 0, w, tf.zeros_like(w))
+            pooled = tf.reduce_sum(rows * tf.expand_dims(w, -1), axis=1)
+            if lookup.combiner == "mean":
+                pooled = tf.math.divide_no_nan(pooled, tf.reduce_sum(w, axis=1, keepdims=True))
+            elif lookup.combiner == "sqrtn":
+                pooled = tf.math.divide_no_nan(pooled, tf.sqrt(tf.reduce_sum(w * w, axis=1, keepdims=True)))
+        tf.identity(pooled, name=_weighted_pooling_name(lookup))
+    return [node for node in graph.as_graph_def().node if node.name != lookup.weights]
 
 
 def _freeze(graph_def: Any, variables: str, keys: Mapping[str, str]) -> dict[str, str]:

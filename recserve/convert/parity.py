@@ -39,7 +39,12 @@ class ParityReport:
         return f"parity: {self.requests} requests, max |TensorFlow - recserve| = {self.max_diff:.3g}"
 
 
-def _value(dtype: int, shape: tuple[int, ...], rows: tuple[int | None, int], rng: np.random.Generator) -> np.ndarray:
+def _value(dtype: int, shape: tuple[int, ...], rows: tuple[int | None, int], rng: np.random.Generator,
+           words: Sequence[int] = ()) -> np.ndarray:
+    if words and dtype in (_DT_INT64, _DT_INT32):  # an integer vocabulary: its ids, unknown ones and -1
+        known = np.array(words, dtype=np.int64)[rng.integers(len(words), size=shape)]
+        other = rng.integers(-1, 1 << 20, shape)
+        return np.where(rng.random(shape) < 0.6, known, other).astype(np.int64 if dtype == _DT_INT64 else np.int32)
     if dtype == _DT_STRING:
         words = [_WORDS[rng.integers(len(_WORDS))] if rng.random() < 0.6 else f"unseen-{rng.integers(1 << 40)}"
                  for _ in range(int(np.prod(shape)))]
@@ -50,20 +55,35 @@ def _value(dtype: int, shape: tuple[int, ...], rows: tuple[int | None, int], rng
     return rng.normal(0, 1, shape).astype(np.float64 if dtype == _DT_DOUBLE else np.float32)
 
 
-def synthesize_requests(signature: Any, rows: Mapping[str, tuple[int | None, int]], n: int, seed: int = 0
-                        ) -> list[dict[str, np.ndarray]]:
+def synthesize_requests(signature: Any, rows: Mapping[str, tuple[int | None, int]], n: int, seed: int = 0,
+                        weights: Mapping[str, str] | None = None,
+                        vocabularies: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, np.ndarray]]:
     """`n` requests for a SignatureDef: batch 1 to 16, free dims 1 to 4. `rows`: input ->
-    (the table's rows or None, the lowest id: -1 where it is padding, else 0)."""
+    (the table's rows or None, the lowest id: -1 where it is padding, else 0). `weights`:
+    weights input -> its ids input (a weighted lookup): the weights have the ids' shape, 0
+    exactly where an id is padding (-1, ''), as TensorFlow pairs them. `vocabularies`: input
+    -> its integer vocabulary's ids, drawn from beside unknown ids and -1."""
+    vocabularies = vocabularies or {}
     rng = np.random.default_rng(seed)
+    weights = weights or {}
     out = []
     for _ in range(n):
         batch = int(rng.integers(1, 17))
         request = {}
-        for key, info in signature.inputs.items():
+        names = {info.name.split(":")[0]: key for key, info in signature.inputs.items()}
+        free: dict[str, int] = {}  # a free dim's size, shared by a weights input and its ids
+        for key, info in sorted(signature.inputs.items(), key=lambda item: item[1].name.split(":")[0] in weights):
+            name = info.name.split(":")[0]
             dims = [d.size for d in info.tensor_shape.dim]
-            shape = tuple(batch if i == 0 and d < 0 else (int(rng.integers(1, 5)) if d < 0 else d)
-                          for i, d in enumerate(dims))
-            request[key] = _value(info.dtype, shape, rows.get(info.name.split(":")[0], (None, 0)), rng)
+            if name in weights and weights[name] in names:
+                ids = request[names[weights[name]]]
+                padding = ids == ("" if ids.dtype == object else -1)
+                value = np.where(padding, 0.0, rng.uniform(0.05, 3.0, ids.shape) * rng.choice([-1.0, 1.0], ids.shape))
+                request[key] = value.astype(np.float64 if info.dtype == _DT_DOUBLE else np.float32)
+                continue
+            shape = tuple(batch if i == 0 and d < 0 else (free.setdefault(name, int(rng.integers(1, 5))) if d < 0
+                                                          else d) for i, d in enumerate(dims))
+            request[key] = _value(info.dtype, shape, rows.get(name, (None, 0)), rng, vocabularies.get(name, ()))
         out.append(request)
     return out
 
@@ -112,10 +132,10 @@ class _TensorFlowRun:
 
 
 def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n: int,
-                 padded: Mapping[str, bool] | None = None) -> ParityReport:
+                 padded: Mapping[str, bool] | None = None, weights: Mapping[str, str] | None = None) -> ParityReport:
     """TensorFlow vs the converted dir on `n` synthesized requests. `padded`: ids input ->
     whether the graph drops id -1 (the conversion's Lookup.padded); absent: where the
-    binding pools."""
+    binding pools. `weights`: weights input -> its ids input (Lookup.weights)."""
     import tensorflow as tf
 
     from recserve.convert.savedmodel import read_signature
@@ -137,7 +157,9 @@ def check_parity(savedmodel_dir: str, converted_dir: str, signature_name: str, n
         # (or, in Keras, reads the last row), even when the engine pools what follows it.
         drops = padded if padded is not None else {name: b.combiner != "none" for name, b in lookups.items()}
         table_rows = {name: (_rows(b.table, rows), -1 if drops.get(name) else 0) for name, b in lookups.items()}
-        requests = synthesize_requests(reference.signature, table_rows, n)
+        words = {name: [w for w in b.vocabulary if isinstance(w, int)] for name, b in lookups.items()
+                 if b.key_dtype == "int64" and b.vocabulary}
+        requests = synthesize_requests(reference.signature, table_rows, n, weights=weights, vocabularies=words)
         keys = reference.keys
         worst, worst_request = 0.0, {}
         for request in requests:

@@ -114,8 +114,8 @@ def convert_savedmodel(savedmodel_dir: str, out_dir: str, signature_name: str | 
     defaults, default_warnings = ev_defaults(graph, graph_def, lookups)
     spec = ModelSpec(
         embeddings=tuple(EmbeddingBinding(
-            input=lk.input, table=lk.table, dim=lk.dim, graph_input=lookup_input(lk), combiner=lk.combiner,
-            key_dtype=lk.key_dtype, default=defaults.get(lk.table, DefaultSpec()),
+            input=lk.input, table=lk.table, dim=lk.dim, graph_input=lookup_input(lk), combiner=lk.engine_combiner,
+            key_dtype=lk.key_dtype, default=defaults.get(lk.table, DefaultSpec()), mod_partitions=lk.mod_partitions,
             **lk.ids_options)  # type: ignore[arg-type]
             for lk in lookups),
         signatures={name: SignatureSpec(

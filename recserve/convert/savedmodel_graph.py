@@ -14,7 +14,9 @@ and reshapes); the one tensor of the region read from outside it is the cut. rec
 engine computes exactly that tensor: [batch, dim], `combiner` over the non-padding ids ('' or
 -1), zeros for a sample without ids. The ids' path says how ids become keys:
 `StringToHashBucketFast` (Fingerprint64 mod buckets), a vocabulary table (string_ids.py), or
-the int64 ids themselves.
+the int64 ids themselves. A weighted lookup (`weighted_categorical_column`) is computed from a
+float weights input too: rows times weights, `SegmentSum`, divided for mean / sqrtn; its cut
+is found the same way, and the dense graph pools the engine's unpooled rows (dense_export.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from recserve.convert.string_ids import string_ids
+from recserve.convert.string_ids import integer_ids, string_ids
 from recserve.errors import ModelLoadError
 
 __all__ = ["Lookup", "ServingGraph", "find_lookups"]
@@ -75,8 +77,20 @@ class Lookup:
     # How strings become keys: EmbeddingBinding's buckets / vocabulary (+ options) /
     # empty_is_padding (string_ids.py); empty: int64 ids are the keys.
     ids_options: Mapping[str, Any] = field(default_factory=dict)
-    rank: int = 2              # of the cut tensor: [batch, dim] pooled, ids' rank + 1 unpooled
+    rank: int = 2              # of the rows the engine gives: [batch, dim] pooled, ids' rank + 1 unpooled
     padded: bool = False       # the graph drops id -1 (SparseSegment pooling); else a gather reads it
+    # A weighted lookup (weighted_categorical_column): the signature input holding one float
+    # weight per id. The engine gives the rows unpooled; the dense graph pools them by
+    # `combiner` with these weights (dense_export.py). Empty: not weighted.
+    weights: str = ""
+    # A partitioned variable looked up with partition_strategy 'mod': its parts' row counts
+    # (EmbeddingBinding.mod_partitions). Empty: 'div', or one part.
+    mod_partitions: tuple[int, ...] = ()
+
+    @property
+    def engine_combiner(self) -> str:
+        """How recserve's engine pools the rows: a weighted lookup's are pooled by the dense graph."""
+        return "none" if self.weights else self.combiner
 
 
 class ServingGraph:
@@ -246,10 +260,8 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         table = tables.pop()
         start = graph.nodes[key]
         sources = graph.sources(key)
-        ids = sorted(s for s in sources if graph.nodes[s].op == "Placeholder")
-        if len(ids) != 1 or ids[0] not in placeholders:
-            raise ModelLoadError(f"the lookup of {table!r} reads the inputs {ids}; recserve converts lookups of "
-                                 "exactly one signature input (weighted and crossed columns are not converted yet)")
+        ids, weights = _ids_and_weights(graph, sorted(s for s in sources if graph.nodes[s].op == "Placeholder"),
+                                        placeholders, table)
         path = _id_path_ops(graph, start, ids[0])
         for op in path:
             if op.op in _UNSUPPORTED_ID_OPS:
@@ -259,42 +271,125 @@ def find_lookups(graph: ServingGraph, placeholders: Mapping[str, Any],
         if is_string:
             ids_options = string_ids(graph, path, table, assets or {})
         elif any(op.op in ("StringToHashBucketFast", "LookupTableFindV2") for op in path):
-            raise ModelLoadError(f"the lookup of {table!r} maps integer ids through {sorted({o.op for o in path})} "
-                                 "(an integer vocabulary or IntegerLookup), which recserve does not convert yet; "
-                                 "integer ids are converted when they are the keys themselves")
+            ids_options = integer_ids(graph, path, table)
         else:
             ids_options = {}
         kinds = {op.op for op in path}
-        if not is_string and {"Less", "SelectV2"} <= kinds and kinds & {"Add", "AddV2"}:  # where(i<0, i+rows, i)
+        never_negative = bool(ids_options.get("vocabulary")) and ids_options.get("default_id", -1) >= 0 \
+            and ids_options.get("empty_is_padding") is False  # an integer vocabulary keys every id >= 0
+        if not is_string and not never_negative and {"Less", "SelectV2"} <= kinds \
+                and kinds & {"Add", "AddV2"}:  # where(i<0, i+rows, i)
             warnings.append(f"the lookup of {table!r} reads a negative id as counted from the table's end (Keras's "
                             "take); recserve answers zeros for negative ids (padding, left out of a pooled mean)")
-        elif any(op.op == "LogicalAnd" for op in path) and any(op.op in ("Select", "SelectV2") for op in path):
+        elif any(op.op == "LogicalAnd" and not _reads_weights(graph, op, weights) for op in path) \
+                and any(op.op in ("Select", "SelectV2") for op in path):
             warnings.append(f"the lookup of {table!r} replaces ids outside its range by a default id "
                             "(categorical_column_with_identity's default_value); recserve answers zeros for them")
         ev = variables[0].op in EV_OPS
-        if len(variables) > 1 and not ev and any(op.op == "DynamicPartition" for op in path) \
-                and not any(op.op == "Maximum" for op in path):
-            raise ModelLoadError(f"the partitioned variable {table!r} is looked up with partition_strategy 'mod'; "
-                                 "recserve converts 'div' (feature columns' default)")
-        shapes = [_shape(v) for v in variables]
+        shapes = [_shape(v) for v in _in_part_order(variables)]
+        mod = len(variables) > 1 and not ev and any(op.op == "DynamicPartition" for op in path) \
+            and not any(op.op == "Maximum" for op in path)
+        if mod:
+            _check_mod_partitions([s[0] for s in shapes], table)
         dim = shapes[0][-1]
         rows = None if ev else sum(s[0] for s in shapes)
         combiner = POOLING.get(start.op, "none")
-        allowed = frozenset({ids[0], *(v.name for v in variables)})
-        if combiner != "none":
+        allowed = frozenset({ids[0], *(v.name for v in variables), *weights})
+        if weights:
+            combiner = _weighted_combiner(graph, start, allowed, table)
+            _check_weighted(ids_options, combiner, _rank(placeholders[ids[0]]), table)
+            cut = _cut(graph, start, allowed, table)
+        elif combiner != "none":
             cut = _cut(graph, start, allowed, table)
         else:
             cut, combiner = _unpooled_cut(graph, start, allowed, _rank(placeholders[ids[0]]))
         lookups.append(Lookup(
             input=ids[0], table=table, parts=tuple(v.name for v in _in_part_order(variables)), dim=dim, rows=rows,
             combiner=combiner, key_dtype="string" if is_string else "int64", ids_options=ids_options,
-            cut=cut, embedding_variable=ev, rank=_rank(placeholders[ids[0]]) + 1 if combiner == "none" else 2,
-            padded=start.op in POOLING))
+            cut=cut, embedding_variable=ev,
+            rank=_rank(placeholders[ids[0]]) + 1 if combiner == "none" or weights else 2,
+            padded=start.op in POOLING or bool(weights), weights=weights[0] if weights else "",
+            mod_partitions=tuple(s[0] for s in shapes) if mod else ()))
     inputs = [lk.input for lk in lookups]
     twice = sorted({i for i in inputs if inputs.count(i) > 1})
     if twice:
         raise ModelLoadError(f"input(s) {twice} feed more than one lookup; recserve binds an input to one table")
     return lookups
+
+
+_FLOATS = frozenset({1, 2})  # DT_FLOAT, DT_DOUBLE
+_DIVISIONS = frozenset({"DivNoNan", "RealDiv", "Div"})
+
+
+def _ids_and_weights(graph: ServingGraph, inputs: list[str], placeholders: Mapping[str, Any], table: str
+                     ) -> tuple[list[str], list[str]]:
+    """([the ids input], [its weights input] or []) of a lookup computed from `inputs`: one
+    input, or the ids (integers or strings) and float weights of a weighted_categorical_column
+    (embedding_lookup_sparse's sp_weights)."""
+    refused = (f"the lookup of {table!r} reads the inputs {inputs}; recserve converts lookups of one signature "
+               "input, or of one ids input and one float weights input (weighted_categorical_column); crossed "
+               "columns are not converted yet")
+    if not inputs or len(inputs) > 2 or any(name not in placeholders for name in inputs):
+        raise ModelLoadError(refused)
+    if len(inputs) == 1:
+        return inputs, []
+    weights = [name for name in inputs if placeholders[name].dtype in _FLOATS]
+    if len(weights) != 1:
+        raise ModelLoadError(refused)
+    return [name for name in inputs if name != weights[0]], weights
+
+
+def _reads_weights(graph: ServingGraph, op: Any, weights: list[str]) -> bool:
+    """Whether `op` is computed from the weights input (a weighted lookup's pruning of ids,
+    `ids >= 0 and ones_like(weights)`, is not an identity column's range check)."""
+    return any(w in graph.sources(op.name) for w in weights)
+
+
+def _weighted_combiner(graph: ServingGraph, start: Any, allowed: frozenset[str], table: str) -> str:
+    """sum / mean / sqrtn of embedding_lookup_sparse's weighted pooling after the gather
+    `start`: rows times weights, `SegmentSum`, then divided by the segment sum of the
+    weights (mean) or by its `Sqrt` over the squared weights (sqrtn)."""
+    ops: set[str] = set()
+    stack, seen = [start], {start.name}
+    while stack:
+        node = stack.pop()
+        for consumer in graph.consumers.get(node.name, []):
+            if consumer.name not in seen and consumer.name in graph.needed and graph.sources(consumer.name) <= allowed:
+                seen.add(consumer.name)
+                ops.add(consumer.op)
+                stack.append(consumer)
+    if "SegmentSum" not in ops or "Mul" not in ops:
+        raise ModelLoadError(f"the lookup of {table!r} reads a weights input, but its rows are not pooled as "
+                             "embedding_lookup_sparse pools weighted ids (rows times weights, SegmentSum); found "
+                             f"{sorted(ops)}")
+    divisions = [graph.nodes[name] for name in seen if graph.nodes[name].op in _DIVISIONS]
+    if not divisions:
+        return "sum"
+    divisors = {graph.nodes[name].op for d in divisions for name in graph._ancestors([node_name(d.input[1])])}
+    return "sqrtn" if divisors & {"Sqrt", "Rsqrt"} else "mean"
+
+
+def _check_weighted(ids_options: Mapping[str, Any], combiner: str, ids_rank: int, table: str) -> None:
+    """What the dense graph's weighted pooling cannot reproduce, refused by name."""
+    if ids_rank not in (1, 2):
+        raise ModelLoadError(f"the weighted lookup of {table!r} has ids of rank {ids_rank}; recserve converts "
+                             "weighted ids of shape [batch] or [batch, L]")
+    if combiner != "sum" and ids_options.get("vocabulary") and ids_options.get("default_id") == -1 \
+            and not ids_options.get("oov_buckets"):
+        raise ModelLoadError(f"the weighted lookup of {table!r} drops unknown words (a vocabulary with default_value "
+                             f"-1) and pools by {combiner}: TensorFlow leaves their weights out of the divisor, and "
+                             "recserve's dense graph cannot tell a dropped word from a known one; give the vocabulary "
+                             "num_oov_buckets or a default_value >= 0, or pool by sum")
+
+
+def _check_mod_partitions(sizes: list[int], table: str) -> None:
+    """partition_strategy 'mod' reads id i at row i // P of part i % P: every part must hold
+    the rows of its ids below the variable's row count (fixed_size_partitioner's sizes do)."""
+    rows, parts = sum(sizes), len(sizes)
+    want = [(rows - k + parts - 1) // parts for k in range(parts)]
+    if sizes != want:
+        raise ModelLoadError(f"the partitioned variable {table!r} is looked up with partition_strategy 'mod' but its "
+                             f"parts hold {sizes} rows; ids 0..{rows - 1} by 'mod' need {want}")
 
 
 def _rank(info: Any) -> int:

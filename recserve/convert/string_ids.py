@@ -13,7 +13,9 @@ The ids path between a string input and its gather holds one of:
   mask_id, ids)`) joins the vocabulary at its id; ids no word has are None in the list.
 '' is padding when the path drops it before the lookup (feature columns compare the input
 with '' by `NotEqual`); otherwise (Keras) '' is hashed or looked up like any string.
-What any other pattern would need is refused by name.
+What any other pattern would need is refused by name. An integer input looked up through a
+HashTableV2 of integer keys (an integer vocabulary list, Keras IntegerLookup) is read by
+`integer_ids` the same way, without OOV hashing or mask tokens.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any
 
 from recserve.errors import ModelLoadError
 
-__all__ = ["string_ids"]
+__all__ = ["integer_ids", "string_ids"]
 
 _FINDS = frozenset({"LookupTableFindV2"})
+_INTEGERS = frozenset({3, 9})  # DT_INT32, DT_INT64
 _TABLE_INITS = frozenset({"InitializeTableV2", "LookupTableImportV2", "InitializeTableFromTextFileV2"})
 _ADDS = frozenset({"Add", "AddV2"})
 _WHOLE_LINE, _LINE_NUMBER = -2, -1
@@ -97,6 +100,29 @@ def string_ids(graph: Any, path: list[Any], table: str, assets: Mapping[str, str
     return out
 
 
+def integer_ids(graph: Any, path: list[Any], table: str) -> dict[str, Any]:
+    """The EmbeddingBinding fields (vocabulary and its options, empty_is_padding) of an
+    integer lookup whose ids path goes through an integer vocabulary (`LookupTableFindV2` on a
+    HashTableV2 of integer keys: categorical_column_with_vocabulary_list of integers, Keras
+    IntegerLookup): an id in it gets vocabulary_start + its index, any other the find's
+    default id. -1 is padding where the path drops it first (feature columns compare the ids
+    with -1 by `NotEqual`); otherwise (Keras) it is looked up like any id."""
+    finds = [op for op in path if op.op in _FINDS]
+    supported = ("supported: categorical_column_with_vocabulary_list of integers (default_value), Keras "
+                 "IntegerLookup (vocabulary list, num_oov_indices <= 1, no mask_token)")
+    if len(finds) != 1 or any(op.op in ("StringToHashBucketFast", "Equal") for op in path):
+        raise ModelLoadError(f"the lookup of {table!r} maps its integer ids through {sorted({o.op for o in path})}; "
+                             f"{supported}")
+    find = finds[0]
+    default = _int_const(graph, find.input[2])
+    if default is None or default < -1:
+        raise ModelLoadError(f"the integer vocabulary of {table!r} has the default id {find.input[2]!r}; recserve "
+                             "converts a constant >= -1 (-1: dropped)")
+    words, start, _ = _vocabulary(graph, find, table, {})
+    padding = any(op.op == "NotEqual" and any(_int_const(graph, r) == -1 for r in op.input[:2]) for op in path)
+    return {"vocabulary": words, "vocabulary_start": start, "default_id": default, "empty_is_padding": padding}
+
+
 def _mask_token(graph: Any, path: list[Any], table: str) -> tuple[str, int] | None:
     """Keras StringLookup's mask_token: `where(input == mask_key, mask_value, lookups)`."""
     for op in path:
@@ -145,15 +171,18 @@ def _oov_start(graph: Any, hashed: Any, size: int, table: str) -> int:
                          f"something recserve cannot read as a constant; {_SUPPORTED}")
 
 
-def _vocabulary(graph: Any, find: Any, table: str, assets: Mapping[str, str]) -> tuple[tuple[str, ...], int, int]:
-    """(words in id order, the first word's id, the table's size) of the HashTableV2 `find` reads."""
+def _vocabulary(graph: Any, find: Any, table: str, assets: Mapping[str, str]
+                ) -> tuple[tuple[str | int, ...], int, int]:
+    """(words in id order, the first word's id, the table's size) of the HashTableV2 `find`
+    reads; its words are strings, or integers for an integer vocabulary."""
     handle = _through(graph, find.input[0])
     if handle is None or handle.op != "HashTableV2":
         raise ModelLoadError(f"the vocabulary of {table!r} is a {handle.op if handle else 'missing'} table; recserve "
                              f"converts HashTableV2 (static vocabularies); {_SUPPORTED}")
-    if handle.attr["key_dtype"].type != 7:
-        raise ModelLoadError(f"the vocabulary of {table!r} has integer keys (IntegerLookup, vocabulary columns of "
-                             f"integers), which recserve does not convert yet; {_SUPPORTED}")
+    integer = handle.attr["key_dtype"].type in _INTEGERS
+    if handle.attr["key_dtype"].type != 7 and not integer:
+        raise ModelLoadError(f"the vocabulary of {table!r} has keys of dtype {handle.attr['key_dtype'].type}; recserve "
+                             f"converts strings and integers; {_SUPPORTED}")
     inits = [n for n in graph.nodes.values() if n.op in _TABLE_INITS and n.input
              and (_through(graph, n.input[0]) or handle).name == handle.name]
     if len(inits) != 1:
@@ -161,14 +190,18 @@ def _vocabulary(graph: Any, find: Any, table: str, assets: Mapping[str, str]) ->
                              "recserve converts a table filled once")
     init = inits[0]
     if init.op == "InitializeTableFromTextFileV2":
+        if integer:
+            raise ModelLoadError(f"the integer vocabulary of {table!r} is read from a file; recserve converts integer "
+                                 "vocabularies held in the graph (vocabulary lists, IntegerLookup(vocabulary=[...]))")
         return _file_vocabulary(graph, init, table, assets)
     from tensorflow.python.framework import tensor_util
 
-    keys = _through(graph, init.input[1])
+    keys = _through(graph, init.input[1], frozenset({"Identity", "Cast"}))  # integer keys: a Cast to the table's dtype
     values = _through(graph, init.input[2], frozenset({"Identity", "Cast"}))
     if keys is None or keys.op != "Const" or values is None or values.op not in ("Const", "Range"):
         raise ModelLoadError(f"the vocabulary of {table!r} is filled from {init.input[1:3]}, not constants")
-    words = [w.decode("utf-8") for w in tensor_util.MakeNdarray(keys.attr["value"].tensor).ravel().tolist()]
+    listed = tensor_util.MakeNdarray(keys.attr["value"].tensor).ravel().tolist()
+    words = [int(w) for w in listed] if integer else [w.decode("utf-8") for w in listed]
     if values.op == "Range":
         first = _int_const(graph, values.input[0])
         ids = list(range(first, first + len(words))) if first is not None else None

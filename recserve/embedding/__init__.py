@@ -91,6 +91,7 @@ else:
     IMPLEMENTATION = "native"
 
 from recserve.embedding._inputs import DuplicateKeyError
+from recserve.embedding.integer_ids import IntegerKeys
 from recserve.embedding.string_ids import StringKeys
 from recserve.embedding.tiers import TierSpec, tier_spec
 from recserve.model_store.row_memory import empty_rows
@@ -99,6 +100,7 @@ __all__ = [
     "IMPLEMENTATION",
     "DuplicateKeyError",
     "EmbeddingTable",
+    "IntegerKeys",
     "LookupPlan",
     "StringKeys",
     "TierSpec",

@@ -229,7 +229,12 @@ def _signature(
 
 def _keys(binding: EmbeddingBinding, ids: Any) -> np.ndarray:
     if binding.key_dtype == "int64":
-        return np.asarray(ids).astype(np.int64)
+        ints = np.asarray(ids).astype(np.int64)
+        if not binding.vocabulary:
+            return ints
+        index = {word: binding.vocabulary_start + i for i, word in enumerate(binding.vocabulary) if word is not None}
+        return np.array([-1 if i == -1 and binding.empty_is_padding else index.get(i, binding.default_id)
+                         for i in ints.reshape(-1).tolist()], dtype=np.int64).reshape(ints.shape)
     arr = np.asarray(ids, dtype=object)
     flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.reshape(-1)]
     from recserve.embedding._purekeys import fingerprint64

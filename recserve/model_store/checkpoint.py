@@ -23,7 +23,7 @@ from recserve.errors import CorruptVersionError, ModelLoadError
 from recserve.model_spec import EmbeddingBinding
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT, Manifest
 from recserve.model_store.storage import Storage, join
-from recserve.model_store.table_data import TableData
+from recserve.model_store.table_data import TableData, mod_partition_ids
 from recserve.model_store.versions import VersionRef
 
 __all__ = [
@@ -205,6 +205,8 @@ def bound_table_rows(
                 f"table {b.table!r} in version {checkpoint.ref.name!r} has dim {data.values.shape[1]}, "
                 f"but model.json binds it with dim {b.dim}"
             )
+        if b.mod_partitions and checkpoint.manifest.format == TF_BUNDLE_FORMAT:  # keyed by row index there
+            data = mod_partition_ids(data, b.mod_partitions, f"{checkpoint.ref.path}: table {stored!r}")
         if not engine_checks_keys:
             try:
                 data.require_unique()

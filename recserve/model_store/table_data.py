@@ -4,13 +4,14 @@ TensorFlow bundles (tf_checkpoint.py)."""
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from collections.abc import Sequence
+from dataclasses import InitVar, dataclass, replace
 
 import numpy as np
 
 from recserve.errors import CorruptVersionError
 
-__all__ = ["TableData"]
+__all__ = ["TableData", "mod_partition_ids"]
 
 
 @dataclass
@@ -90,3 +91,23 @@ def _check_array(name: str, arr: object, dtype: type, ndim: int) -> None:
         raise CorruptVersionError(
             f"{name} has shape {list(arr.shape)}; expected {ndim} dimension(s)"
         )
+
+
+def mod_partition_ids(data: TableData, partitions: Sequence[int], where: str) -> TableData:
+    """`data` keyed by row index of a variable partitioned in parts of `partitions` rows
+    (saved as their concatenation, as TensorFlow's Saver writes a partitioned variable),
+    re-keyed by the id TensorFlow's partition_strategy='mod' reads there: row r of part k
+    holds id r * len(partitions) + k (deleted rows too). CorruptVersionError, naming
+    `where`, for a row outside the parts."""
+    offsets = np.cumsum([0, *partitions])
+
+    def ids(rows: np.ndarray) -> np.ndarray:
+        outside = rows[(rows < 0) | (rows >= offsets[-1])]
+        if len(outside):
+            raise CorruptVersionError(f"{where}: row {int(outside[0])} is outside the {int(offsets[-1])} rows of its "
+                                      f"partitions {list(partitions)}")
+        part = np.searchsorted(offsets, rows, side="right") - 1
+        return ((rows - offsets[part]) * len(partitions) + part).astype(np.int64, copy=False)
+
+    deleted = None if data.deleted is None else ids(data.deleted)
+    return replace(data, keys=ids(data.keys), deleted=deleted, check_unique=False)

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from recserve.embedding import StringKeys
 from recserve.errors import RecserveError
 from recserve.native_library import open_library
 
 if TYPE_CHECKING:
-    from recserve.embedding import StringKeys
     from recserve.processor.request_route import RequestRoute, _FoldedFeed
     from recserve.processor.servable import Servable
     from recserve.processor.session_group import SessionGroup
@@ -119,7 +119,8 @@ def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
     except ImportError as exc:
         log.warning("the native request route is unavailable (%s); requests take the Python route", exc)
         return None, None
-    _route_call.bind(ctypes.cast(lib.rs_route_process, ctypes.c_void_p).value)
+    _route_call.bind(ctypes.cast(lib.rs_route_process, ctypes.c_void_p).value,
+                     ctypes.cast(lib.rs_route_process_tfs, ctypes.c_void_p).value)
     return lib, _route_call
 
 
@@ -128,6 +129,10 @@ _route = _CALL.process if _CALL is not None else None
 _libc = ctypes.CDLL(None)
 _libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 _libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
+# free() with the GIL kept (native_predict's ctypes call): releasing it around a call this
+# short only invites a handoff to another thread (and a wait to get it back) on every request.
+_free_holding_gil = ctypes.PyDLL(None).free
+_free_holding_gil.restype, _free_holding_gil.argtypes = None, [ctypes.c_void_p]
 
 
 def route_process_address() -> int:
@@ -176,22 +181,28 @@ class RouteSlot:
         slot = self._serving
         if slot and trace is None:
             return _route(slot, data)  # type: ignore[misc]
-        return self._process_slowly(data, trace)
+        return self._serve(False, data, trace)
 
-    def _process_slowly(self, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
-        """process() when nothing native is published or the request is traced."""
+    def process_tfs(self, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
+        """`process` for a tensorflow.serving.PredictRequest: its PredictResponse's outputs
+        (no model_spec: the caller checks the version `trace` names and appends it), or None."""
+        return self._serve(True, data, trace)
+
+    def _serve(self, tfs: bool, data: bytes | bytearray | memoryview, trace: RequestTrace | None) -> bytes | None:
+        """process() when nothing native is published or the request is traced; process_tfs()."""
         if not self._serving:
             self._unpublished += 1   # no C call: it would release the GIL for nothing
             return None
-        assert trace is not None and _CALL is not None
-        if trace.want_ort_profile:
+        assert _CALL is not None
+        if trace is not None and trace.want_ort_profile:
             self.count(_TRACE)
             return None
-        served = _CALL.process_traced(self._serving, data)
+        served = _CALL.process_traced(self._serving, data, tfs)
         if served is None:
             return None
         response, info = served
-        _fill_trace(trace, info)
+        if trace is not None:
+            _fill_trace(trace, info)
         return response
 
     def counters(self) -> dict[str, Any]:
@@ -325,7 +336,7 @@ class NativeServable:
         self._vocabularies: dict[int, tuple[StringKeys, int]] = {}
         for _, bound, _ in servable.plans.values():
             for _, _, keys in bound:
-                if keys is not None and keys.vocabulary:
+                if isinstance(keys, StringKeys) and keys.vocabulary:
                     self._vocabulary(keys)
         _served_by[self.id] = (servable.version, weakref.ref(servable))
 
@@ -444,7 +455,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
     whose wire type or cast has no native reader (half floats, complex, strings fed to the
     graph as they are), a Concat the session group folds that the route cannot, or a string
     vocabulary that could not be built (`vocabulary` returned 0, or none was given), a
-    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64).
+    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64), an integer
+    vocabulary (IntegerKeys: keyed in Python).
     `concat`: the session group's folded Concat of graph inputs, if it has one;
     `vocabulary`: the servable's native handle of a StringKeys' vocabulary."""
     names: dict[str, int] = {}
@@ -464,6 +476,8 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
+        if not isinstance(keys, StringKeys):
+            return None   # an integer vocabulary: no native form yet
         if keys.vocabulary:
             if keys.oov_buckets >= 1 << 63:
                 return None   # no int64 holds it

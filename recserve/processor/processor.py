@@ -30,6 +30,7 @@ from recserve.model_store.storage import LocalStorage
 from recserve.model_store.updater import ModelUpdater
 from recserve.model_store.watcher import VersionWatcher
 from recserve.processor.manager import ServableManager
+from recserve.processor.native_predict import NativePredict
 from recserve.processor.native_route import RouteSlot
 from recserve.processor.servable import Servable
 from recserve.processor.trace import RequestTrace
@@ -62,6 +63,7 @@ class Processor:
         # on_swap: the leader of worker processes hands each new version to its workers.
         self._manager: ServableManager[Servable] = ServableManager(
             model_name, None if on_swap is None else lambda servable: on_swap(self, servable))
+        self._native_predict = NativePredict(self._manager)
         self._storage = storage_for(self.config)
         self._state_lock = threading.Lock()
         self._closed = False
@@ -175,6 +177,14 @@ class Processor:
         trace: RequestTrace | None = None,
     ) -> dict[str, np.ndarray]:
         """Outputs keyed by alias (or by the name used in `outputs`); raises RecserveError."""
+        # The native route first (native_predict): the same answer without the Python route,
+        # or None for anything it does not serve (errors included).
+        try:
+            answer = self._native_predict.predict(inputs, outputs, signature_name, trace)
+        except Exception as exc:
+            raise self._bug("predict", exc) from exc
+        if answer is not None:
+            return answer
         with self._manager.acquire() as servable:
             try:
                 return servable.predict(inputs, outputs, signature_name=signature_name, trace=trace)
@@ -210,6 +220,12 @@ class Processor:
             if response is not None:
                 return 200, response
         return self.process_python(data, trace=trace)
+
+    def process_tfs(self, data: bytes, trace: RequestTrace) -> bytes | None:
+        """A tensorflow.serving.PredictRequest on the native route: its PredictResponse's
+        outputs (the caller checks the version `trace` names and appends the model_spec), or
+        None (the reason counted): serve it with `serve`. Never raises."""
+        return self._manager.route_slot.process_tfs(data, trace)
 
     def process_python(self, data: bytes, *, trace: RequestTrace | None = None) -> tuple[int, bytes]:
         """`process` on the Python route only: the spec the native route is tested against,

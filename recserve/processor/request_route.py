@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from recserve.embedding import StringKeys
+from recserve.embedding import IntegerKeys, StringKeys
 from recserve.processor.signature import Signature
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class RequestRoute:
         layout: Any,
         bound: tuple[str, ...],
         dense: tuple[tuple[str, _Reader, np.dtype[Any] | None], ...],
-        strings: tuple[tuple[int, int, StringKeys], ...],
+        strings: tuple[tuple[int, int, StringKeys | IntegerKeys], ...],
         outputs: Sequence[tuple[str, str]],
         batch_size: int,
         folded: _FoldedFeed | None = None,
@@ -112,7 +112,9 @@ class RequestRoute:
         self._layout = layout          # the plan's packed layout of the bindings' ids
         self._bound = bound            # graph inputs the plan's outputs feed, in plan order
         self._dense = dense            # (graph input, reader, dtype to cast to or None)
-        self._strings = strings        # (first, stop, StringKeys) of string ids' (start, length) pairs to key in place
+        # (first, stop, keys) of string ids' (start, length) pairs, or of integer ids through an
+        # integer vocabulary, to key in place
+        self._strings = strings
         self.output_keys = tuple(key for key, _ in outputs)
         self.output_names = [name for _, name in outputs]
         self.batch_size = batch_size
@@ -127,7 +129,7 @@ class RequestRoute:
         sig: Signature,
         plan: Any,
         dense: Sequence[tuple[str, str]],
-        bound: Sequence[tuple[str, str, StringKeys | None]],
+        bound: Sequence[tuple[str, str, StringKeys | IntegerKeys | None]],
         parsed: ParsedRequest,
         arrays: Mapping[str, np.ndarray],
         outputs: Sequence[tuple[str, str]],
@@ -139,10 +141,12 @@ class RequestRoute:
         spans, strings = [], []
         for alias, _, keys in bound:
             inp, ids = wire[alias], arrays[alias]
-            if keys is not None:
+            if isinstance(keys, StringKeys):
                 strings.append((inp.slot, inp.slot + 2 * inp.count, keys))   # each key over its own pair
             elif not inp.int64_values:
                 return None
+            elif keys is not None:
+                strings.append((inp.slot, inp.slot + inp.count, keys))   # integer ids keyed in place
             spans.append((inp.slot, ids.shape))
         readers, sources = [], {}
         for alias, graph_input in dense:
@@ -167,7 +171,7 @@ class RequestRoute:
         )
 
     @staticmethod
-    def _fold(concat: InputConcat, sig: Signature, bound: Sequence[tuple[str, str, StringKeys | None]],
+    def _fold(concat: InputConcat, sig: Signature, bound: Sequence[tuple[str, str, StringKeys | IntegerKeys | None]],
               arrays: Mapping[str, np.ndarray], dense: Mapping[str, tuple[np.ndarray, _Reader]],
               batch: int) -> _FoldedFeed | None:
         """`dense`: graph input -> (its request array, its reader)."""

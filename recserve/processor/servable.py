@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from recserve.config import ProcessorConfig
-from recserve.embedding import DuplicateKeyError, EmbeddingTable, LookupPlan, StringKeys, tier_spec
+from recserve.embedding import DuplicateKeyError, EmbeddingTable, IntegerKeys, LookupPlan, StringKeys, tier_spec
 from recserve.embedding.redis_store import RedisTableSet, open_redis_tables
 from recserve.errors import CorruptVersionError, ModelLoadError, RecserveError, RequestError
 from recserve.model_spec import EmbeddingBinding, ModelSpec
@@ -23,6 +23,7 @@ from recserve.model_store.checkpoint import Checkpoint, bound_table_rows, duplic
 from recserve.model_store.load_threads import map_in_threads
 from recserve.model_store.manifest import TF_BUNDLE_FORMAT
 from recserve.model_store.model_dir import ModelDir
+from recserve.model_store.table_data import mod_partition_ids
 from recserve.model_store.tf_checkpoint import dense_by_initializer
 from recserve.model_store.updater import apply_delta
 from recserve.processor.merged_runs import process_merged
@@ -251,8 +252,7 @@ class Servable:
         for name, sig in signatures.items():
             dense = tuple((a, spec.name) for a, spec in sig.inputs.items() if spec.binding is None)
             bindings = [(a, spec.binding) for a, spec in sig.inputs.items() if spec.binding is not None]
-            bound = tuple((a, b.graph_input, _string_keys(b) if b.key_dtype == "string" else None)
-                          for a, b in bindings)
+            bound = tuple((a, b.graph_input, binding_keys(b)) for a, b in bindings)
             pairs = [(b.table, b.combiner) for _, b in bindings]
             plan = redis.lookup_plan(pairs) if redis else LookupPlan([(tables[t], c) for t, c in pairs])
             plans[name] = (dense, bound, plan)
@@ -408,6 +408,11 @@ class Servable:
             return delta
         names = self.model.spec.checkpoint_name
         tables = {t: delta.tables[names(t)] for t in self.tables if names(t) in delta.tables}
+        mod = {b.table: b for b in self.model.spec.embeddings if b.mod_partitions}
+        for b in mod.values():  # a 'mod'-partitioned variable's rows, by the ids they hold
+            if b.table in tables:
+                tables[b.table] = mod_partition_ids(tables[b.table], b.mod_partitions,
+                                                    f"{delta.ref.path}: table {names(b.table)!r}")
         return dataclasses.replace(delta, tables=tables)
 
     @property
@@ -443,7 +448,13 @@ class Servable:
             self.on_close()
 
 
-def _string_keys(binding: EmbeddingBinding) -> StringKeys:
-    """How a string binding's ids become keys (model.json's key_hash and its options)."""
-    return StringKeys(binding.buckets, binding.vocabulary, binding.vocabulary_start, binding.default_id,
-                      binding.oov_buckets, binding.oov_start, binding.empty_is_padding)
+def binding_keys(binding: EmbeddingBinding) -> StringKeys | IntegerKeys | None:
+    """How a binding's ids become keys (model.json's key_hash and its options): strings
+    always; integers through an integer vocabulary; None: the ids are the keys."""
+    if binding.key_dtype == "string":
+        return StringKeys(binding.buckets, binding.vocabulary, binding.vocabulary_start,  # type: ignore[arg-type]
+                          binding.default_id, binding.oov_buckets, binding.oov_start, binding.empty_is_padding)
+    if binding.vocabulary:
+        return IntegerKeys(binding.vocabulary, binding.vocabulary_start, binding.default_id,  # type: ignore[arg-type]
+                           binding.empty_is_padding)
+    return None

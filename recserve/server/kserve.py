@@ -6,24 +6,23 @@ HTTP: the body is JSON, or JSON followed by raw tensor bytes when the
 ``parameters.binary_data_size`` takes its values from the raw part, in input order. An
 output travels as raw bytes when its ``parameters.binary_data`` (or the request's
 ``parameters.binary_data_output``) is true. BYTES elements travel raw as a 4-byte
-little-endian length then the bytes. Stateless, thread-safe.
+little-endian length then the bytes. The HTTP request's decoding and the per-tensor
+conversions are recserve.wire.kserve_json's (no protobuf there). Stateless, thread-safe.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from recserve.errors import RequestError
 from recserve.proto import grpc_predict_v2_pb2 as v2
 from recserve.wire.kserve_datatypes import DATATYPE_NUMPY, datatype_of
+from recserve.wire.kserve_json import InferCall, array_from_raw, array_from_values, decode_http_request, numpy_dtype
 
 __all__ = [
     "HEADER_LENGTH",
@@ -38,7 +37,6 @@ __all__ = [
 HEADER_LENGTH = "inference-header-content-length"
 
 _NUMPY = DATATYPE_NUMPY
-_NAMES = ", ".join(_NUMPY)
 # signature_info dtype names (numpy's, "string" for strings) -> v2 datatypes
 _FROM_SIGNATURE = {str(dtype): name for name, dtype in _NUMPY.items() if name != "BYTES"} | {"string": "BYTES"}
 # gRPC InferTensorContents field per datatype
@@ -50,19 +48,6 @@ _CONTENTS = {
 }
 
 
-@dataclass(frozen=True)
-class InferCall:
-    """A decoded inference request."""
-
-    inputs: dict[str, np.ndarray]
-    outputs: list[str] | None          # None: every output of the signature
-    binary_outputs: Mapping[str, bool]  # HTTP: outputs whose parameters.binary_data is given
-    binary_default: bool                # HTTP: raw bytes for the other outputs
-    id: str
-    version: str
-    signature_name: str | None
-
-
 def tensor_metadata(signature_tensors: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """[{name, datatype, shape}] from signature_info()'s inputs or outputs."""
     return [
@@ -70,38 +55,6 @@ def tensor_metadata(signature_tensors: Mapping[str, Mapping[str, Any]]) -> list[
          "shape": [int(d) for d in t["shape"]]}
         for alias, t in signature_tensors.items()
     ]
-
-
-def _numpy_dtype(name: str, datatype: str) -> np.dtype[Any]:
-    dtype = _NUMPY.get(datatype)
-    if dtype is None:
-        raise RequestError(f"input {name!r}: datatype {datatype!r} is not supported; supported: {_NAMES}")
-    return dtype
-
-
-def _shape(name: str, shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise RequestError(f"input {name!r}: shape must be a list of integers >= 0, got {shape!r}")
-    return tuple(shape)
-
-
-def _split_bytes(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
-    """BYTES raw layout -> object array of `count` bytes values."""
-    out = np.empty(count, dtype=object)
-    view = memoryview(raw)
-    pos = 0
-    for i in range(count):
-        if pos + 4 > len(view):
-            raise RequestError(f"input {name!r}: BYTES data ends after {i} of {count} elements")
-        (length,) = struct.unpack_from("<I", view, pos)
-        pos += 4
-        if pos + length > len(view):
-            raise RequestError(f"input {name!r}: BYTES element {i} is cut short")
-        out[i] = bytes(view[pos:pos + length])
-        pos += length
-    if pos != len(view):
-        raise RequestError(f"input {name!r}: {len(view) - pos} bytes left after {count} BYTES elements")
-    return out
 
 
 def _join_bytes(values: np.ndarray) -> bytes:
@@ -113,94 +66,9 @@ def _join_bytes(values: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def _from_raw(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> np.ndarray:
-    dtype = _numpy_dtype(name, datatype)
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        return _split_bytes(name, raw, count).reshape(shape)
-    if len(raw) != count * dtype.itemsize:
-        raise RequestError(
-            f"input {name!r}: shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
-            f"got {len(raw)}")
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
-
-
-def _from_values(name: str, datatype: str, shape: tuple[int, ...], values: Any) -> np.ndarray:
-    dtype = _numpy_dtype(name, datatype)
-    if datatype == "BYTES":
-        flat = np.array(values, dtype=object).ravel()
-        flat = np.array([v.encode() if isinstance(v, str) else v for v in flat] or [], dtype=object)
-        arr = flat
-    else:
-        try:
-            arr = np.asarray(values, dtype=dtype).ravel()
-        except (TypeError, ValueError) as exc:
-            raise RequestError(f"input {name!r}: data is not a list of {datatype} values: {exc}") from exc
-    if arr.size != math.prod(shape):
-        raise RequestError(f"input {name!r}: shape {list(shape)} needs {math.prod(shape)} values, got {arr.size}")
-    return arr.reshape(shape)
-
-
-def _param(params: Any, key: str) -> Any:
-    return params.get(key) if isinstance(params, dict) else None
-
-
-def decode_http_request(body: bytes, header_length: int | None, version: str = "") -> InferCall:
-    if header_length is not None and not 0 <= header_length <= len(body):
-        raise RequestError(
-            f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
-    head = body if header_length is None else body[:header_length]
-    raw = memoryview(body)[len(head):]
-    try:
-        # orjson: ~6x json's speed on a batch-64 body (350 -> 60 us); strict JSON (no NaN
-        # literals, integers within 64 bits), nesting bounded (1024).
-        doc = orjson.loads(head)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise RequestError('request must be a JSON object with an "inputs" list')
-    inputs: dict[str, np.ndarray] = {}
-    offset = 0
-    for spec in doc["inputs"]:
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise RequestError('each input needs "name", "shape", "datatype" and "data" (or binary_data_size)')
-        name = spec["name"]
-        shape = _shape(name, spec.get("shape"))
-        datatype = spec.get("datatype")
-        if not isinstance(datatype, str):
-            raise RequestError(f"input {name!r}: datatype is missing; supported: {_NAMES}")
-        size = _param(spec.get("parameters"), "binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(raw):
-                raise RequestError(
-                    f"input {name!r}: binary_data_size {size!r} exceeds the {len(raw) - offset} binary bytes left")
-            inputs[name] = _from_raw(name, datatype, shape, raw[offset:offset + size])
-            offset += size
-        elif "data" in spec:
-            inputs[name] = _from_values(name, datatype, shape, spec["data"])
-        else:
-            raise RequestError(f"input {name!r} has neither data nor parameters.binary_data_size")
-    if offset != len(raw):
-        raise RequestError(f"{len(raw) - offset} binary bytes after the last input's binary_data_size")
-    outputs = None
-    binary: dict[str, bool] = {}
-    if isinstance(doc.get("outputs"), list):
-        outputs = []
-        for spec in doc["outputs"]:
-            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-                raise RequestError('each requested output needs a "name"')
-            outputs.append(spec["name"])
-            choice = _param(spec.get("parameters"), "binary_data")
-            if choice is not None:
-                binary[spec["name"]] = bool(choice)
-    params = doc.get("parameters")
-    signature = _param(params, "signature_name")
-    return InferCall(
-        inputs=inputs, outputs=outputs, binary_outputs=binary,
-        binary_default=bool(_param(params, "binary_data_output")),
-        id=str(doc.get("id", "")), version=version,
-        signature_name=signature if isinstance(signature, str) else None,
-    )
+# json.dumps(doc, separators=(",", ":")) makes a new encoder per call when given any option:
+# one made once writes the same bytes.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def _json_values(array: np.ndarray) -> list[Any]:
@@ -229,7 +97,7 @@ def encode_http_response(
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": specs}
     if call.id:
         doc["id"] = call.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = _COMPACT_JSON.encode(doc).encode()
     if not raw_parts:
         return head, None
     return head + b"".join(raw_parts), len(head)
@@ -251,13 +119,13 @@ def decode_grpc_request(request: v2.ModelInferRequest) -> InferCall:
         if any(d < 0 for d in shape):
             raise RequestError(f"input {tensor.name!r}: shape {list(shape)} has a negative dimension")
         if raw:
-            inputs[tensor.name] = _from_raw(tensor.name, tensor.datatype, shape, raw[i])
+            inputs[tensor.name] = array_from_raw(tensor.name, tensor.datatype, shape, raw[i])
         else:
             field = _CONTENTS.get(tensor.datatype)
             if field is None:
-                _numpy_dtype(tensor.name, tensor.datatype)
+                numpy_dtype(tensor.name, tensor.datatype)
                 raise RequestError(f"input {tensor.name!r}: {tensor.datatype} needs raw_input_contents")
-            inputs[tensor.name] = _from_values(tensor.name, tensor.datatype, shape,
+            inputs[tensor.name] = array_from_values(tensor.name, tensor.datatype, shape,
                                                list(getattr(tensor.contents, field)))
     outputs = [o.name for o in request.outputs] or None
     return InferCall(inputs=inputs, outputs=outputs, binary_outputs={}, binary_default=True,

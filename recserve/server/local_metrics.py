@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["LocalCounter", "LocalHistogram", "LocalMetrics"]
+__all__ = ["LocalCounter", "LocalHistogram", "LocalMetrics", "RequestRecorder"]
 
 
 class _CounterChild:
@@ -66,6 +66,40 @@ class _HistogramChild:
         """`observe` for a caller holding the LocalMetrics' lock."""
         self.counts[bisect_left(self._bounds, value)] += 1  # the first bound >= value: Prometheus's `le`
         self.sum += value
+
+
+class RequestRecorder:
+    """Records one answered request into its (model, route)'s children at once: its count,
+    latency, CPU, stage seconds and rows, under the LocalMetrics' lock taken once. One call
+    with the children's updates written out, not a call per value: this runs for every
+    request (on the event loop for inline ones), and the calls were half its cost."""
+
+    __slots__ = ("_batch", "_count", "_cpu", "_latency", "_lock", "_stages")
+
+    def __init__(self, lock: threading.Lock, count: _CounterChild, latency: _HistogramChild, cpu: _CounterChild,
+                 stages: Sequence[_HistogramChild], batch: _HistogramChild) -> None:
+        self._lock = lock
+        self._count = count
+        self._latency = latency
+        self._cpu = cpu
+        self._stages = tuple(stages)
+        self._batch = batch
+
+    def __call__(self, seconds: float, cpu_seconds: float, stage_seconds: Sequence[float], rows: int) -> None:
+        """`stage_seconds`: one per stage child, in their order (0.0: the stage did not run)."""
+        latency, batch = self._latency, self._batch
+        with self._lock:
+            self._count.value += 1.0
+            latency.counts[bisect_left(latency._bounds, seconds)] += 1  # as _HistogramChild.add
+            latency.sum += seconds
+            self._cpu.value += cpu_seconds
+            for spent, stage in zip(stage_seconds, self._stages):
+                if spent:
+                    stage.counts[bisect_left(stage._bounds, spent)] += 1
+                    stage.sum += spent
+            if rows:
+                batch.counts[bisect_left(batch._bounds, rows)] += 1
+                batch.sum += rows
 
 
 class _Family:

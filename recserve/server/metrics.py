@@ -17,8 +17,7 @@ every process. Thread-safe.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -27,7 +26,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from recserve.processor.trace import STAGES, RequestTrace
-from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics
+from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
 from recserve.server.registry import ModelRegistry
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
@@ -37,7 +36,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = tuple(float(1 << i) for i in range(13))  # 1 .. 4096
-_STAGE_LIST = list(STAGES)
 
 
 class ServerMetrics:
@@ -89,10 +87,9 @@ class ServerMetrics:
         self.client_disconnects = counter("recserve_client_disconnects",
                                           "Requests whose client went away before the answer.", ["route"])
         self.registry.register(ModelCollector(models))
-        self._ok: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._ok: dict[tuple[str, str], Callable[[float, float, Sequence[float], int], None]] = {}
         self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self._local = local
-        self._update_lock: AbstractContextManager[Any] = local.lock if local is not None else nullcontext()
         self._pool_registry: CollectorRegistry | None = None
         if pooled:
             self._pool_registry = CollectorRegistry()
@@ -119,43 +116,43 @@ class ServerMetrics:
         # them): a 200's children are looked up once per (model, route), as the calls that
         # record into them. Labels are bounded (configured models, known routes), so the
         # cache is too.
-        bound = self._ok.get((model, route))
-        if bound is None:
-            bound = self._ok[(model, route)] = self._recorders(model, route)
-        count, latency, stages, batch, cpu = bound
-        stage_seconds = _stage_seconds(trace)
-        rows = trace.batch_size
-        with self._update_lock:
-            count(1.0)
-            latency(seconds)
-            cpu(cpu_seconds)
+        record = self._ok.get((model, route))
+        if record is None:
+            record = self._ok[(model, route)] = self._recorder(model, route)
+        record(seconds, cpu_seconds, _stage_seconds(trace), trace.batch_size)
+
+    def _recorder(self, model: str, route: str) -> Callable[[float, float, Sequence[float], int], None]:
+        """What records a 200 of (model, route): in one process local_metrics' RequestRecorder
+        (one lock, the values written in one call); in a worker pool prometheus_client's
+        inc() and observe(), each with its own lock."""
+        count, latency, batch, cpu = (self.requests.labels(model, route, "200"), self.latency.labels(model, route),
+                                      self.batch.labels(model), self.cpu.labels(model, route))
+        stages = tuple(self.stage.labels(model, stage) for stage in STAGES)
+        if self._local is not None:
+            return RequestRecorder(self._local.lock, count, latency, cpu, stages, batch)
+
+        def record(seconds: float, cpu_seconds: float, stage_seconds: Sequence[float], rows: int) -> None:
+            count.inc()
+            latency.observe(seconds)
+            cpu.inc(cpu_seconds)
             for spent, stage in zip(stage_seconds, stages):
                 if spent:
-                    stage(spent)
+                    stage.observe(spent)
             if rows:
-                batch(rows)
-
-    def _recorders(self, model: str, route: str) -> tuple[Any, ...]:
-        """The calls recording a 200 of (model, route): in one process local_metrics' add()
-        (the caller holds the lock, once for all of a request's values); in a worker pool
-        prometheus_client's inc() and observe(), each with its own lock."""
-        children = (self.requests.labels(model, route, "200"), self.latency.labels(model, route),
-                    tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model),
-                    self.cpu.labels(model, route))
-        count, latency, stages, batch, cpu = children
-        if self._local is not None:
-            return count.add, latency.add, tuple(s.add for s in stages), batch.add, cpu.add
-        return count.inc, latency.observe, tuple(s.observe for s in stages), batch.observe, cpu.inc
+                batch.observe(rows)
+        return record
 
     def render(self) -> bytes:
         return generate_latest(self._pool_registry or self.registry)
 
 
-def _stage_seconds(trace: RequestTrace) -> list[float]:
+def _stage_seconds(trace: RequestTrace) -> Sequence[float]:
     """Seconds in each of STAGES (0.0: none)."""
     spans = trace.spans
-    if [span[0] for span in spans] == _STAGE_LIST:  # the usual trace: one span per stage, in order
-        return [(end - start) / 1e9 for _, start, end in spans]
+    if len(spans) == 4:
+        (decode, start0, end0), (lookup, start1, end1), (run, start2, end2), (encode, start3, end3) = spans
+        if (decode, lookup, run, encode) == STAGES:  # the usual trace: one span per stage, in order
+            return ((end0 - start0) / 1e9, (end1 - start1) / 1e9, (end2 - start2) / 1e9, (end3 - start3) / 1e9)
     return [trace.seconds(stage) for stage in STAGES]
 
 

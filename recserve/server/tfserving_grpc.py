@@ -3,8 +3,12 @@ and tensorflow.serving.ModelService (GetModelStatus), as TF Serving clients call
 
 The services are registered by their wire names over raw bytes: recserve's messages live in
 its own proto package (proto/tfserving.proto says why), so no generated servicer applies.
-Predict parses natively (`tfserving_codec.parse_predict_request`) and serves through
-`Processor.serve`: the EAS protocol's request routes, validation and errors. Versions: TF
+Predict is served by the native route (`Processor.process_tfs`: bytes to bytes in C, the
+GIL released) when it takes the request -- its layout's route is compiled, its dtypes and
+forms are native ones -- and otherwise parses natively or in Python
+(`tfserving_codec.parse_predict_request`) and serves through `Processor.serve`: the EAS
+protocol's request routes, validation and errors. Both answer the same bytes; the model,
+version and label checks and the response's model_spec are Python's on both. Versions: TF
 Serving numbers them; a recserve version named by digits is that number, any other name is
 its checkpoint's global step. A request naming a version (or a version_label: the version's
 name or number) is served only by that version, which must be the serving one (the newest,
@@ -95,31 +99,61 @@ class TfServingServices:
 
     def predict(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         call: tfs.TfsRequest | None = None
+        spec: tfs.ModelSpec | None = None   # the leading ModelSpec, when the native route may serve
 
         def find() -> ModelEntry:
-            nonlocal call
+            nonlocal call, spec
+            spec = tfs.leading_model_spec(request)
+            if spec is not None:
+                entry = self._ctx.models.entries.get(spec.name)
+                if entry is not None and entry.ready:
+                    return entry
+                spec = None   # the full parse first: a malformed request's error comes before the model's
             call = tfs.parse_predict_request(request)
             return self._ctx.models.get(call.spec.name)
 
         def handle(entry: ModelEntry, processor: Processor, trace: RequestTrace) -> Outcome:
-            assert call is not None
+            nonlocal call
             check_deadline(context)
-            outputs = processor.serve(call.parsed, call.decoded, trace)
-            served = trace.model_version
-            if served is None:
-                raise InternalError("the model answered without naming its version")
-            number = self._check_version(entry, processor, call.spec, served)
-            context.set_trailing_metadata(trace.served_by())
-            start = time.perf_counter_ns()
-            spec = tfs.model_spec_bytes(entry.name, number, call.spec.signature_name or tfs.DEFAULT_SIGNATURE)
-            response = tfs.encode_predict_response(outputs, spec)
-            trace.add("encode", start)
-            return 200, response
+            if spec is not None:
+                outputs = processor.process_tfs(request, trace)
+                if outputs is not None:
+                    return 200, outputs + self._spec_field(entry, processor, spec, trace, context)
+                call = tfs.parse_predict_request(request)
+                if call.spec.name != entry.name:
+                    # A second model_spec merged into the first (the native parser declines
+                    # those): the request is the merged spec's model's.
+                    named = self._ctx.models.get(call.spec.name)
+                    with named.lease() as other:
+                        return self._serve_python(named, other, call, trace, context)
+            assert call is not None
+            return self._serve_python(entry, processor, call, trace, context)
 
         status, result = self._ctx.dispatcher.call(ROUTE, find, handle)
         if status != 200:
             abort(context, status, result)
         return bytes(result)
+
+    def _spec_field(self, entry: ModelEntry, processor: Processor, spec: tfs.ModelSpec, trace: RequestTrace,
+                    context: grpc.ServicerContext) -> bytes:
+        """The response's model_spec field for the version `trace` names (which must be the
+        one `spec` asks for: NOT_FOUND otherwise); sets the trailing metadata."""
+        served = trace.model_version
+        if not served:
+            raise InternalError("the model answered without naming its version")
+        number = self._check_version(entry, processor, spec, served)
+        context.set_trailing_metadata(trace.served_by())
+        return tfs.model_spec_field(entry.name, number, spec.signature_name or tfs.DEFAULT_SIGNATURE)
+
+    def _serve_python(self, entry: ModelEntry, processor: Processor, call: tfs.TfsRequest, trace: RequestTrace,
+                      context: grpc.ServicerContext) -> Outcome:
+        """The Python route: what the native route answers, for every request it does not take."""
+        outputs = processor.serve(call.parsed, call.decoded, trace)
+        spec = self._spec_field(entry, processor, call.spec, trace, context)
+        start = time.perf_counter_ns()
+        response = tfs.encode_predict_outputs(outputs) + spec
+        trace.add("encode", start)
+        return 200, response
 
     def _model_and_spec(self, spec: Any, context: grpc.ServicerContext) -> tuple[ModelEntry, tfs.ModelSpec]:
         try:

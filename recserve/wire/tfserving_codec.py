@@ -40,9 +40,12 @@ __all__ = [
     "ModelSpec",
     "TfsRequest",
     "decode_predict_request",
+    "encode_predict_outputs",
     "encode_predict_request",
     "encode_predict_response",
+    "leading_model_spec",
     "model_spec_bytes",
+    "model_spec_field",
     "numpy_of_dtype",
     "parse_predict_request",
     "shape_proto",
@@ -240,6 +243,36 @@ def parse_predict_request(data: bytes) -> TfsRequest:
     return TfsRequest(ModelSpec(name, version, label, parsed.recipe.signature_name), parsed)
 
 
+_leading: dict[bytes, ModelSpec] = {}
+
+
+def leading_model_spec(data: bytes) -> ModelSpec | None:
+    """The ModelSpec a PredictRequest starts with (field 1 first: protobuf serializers write
+    fields in number order), without parsing the rest; None when it does not start with one
+    that parses. A second model_spec later in `data` would merge into it: the caller must
+    not take this for the request's spec unless the native parser, which declines such
+    requests, took `data`. Specs are cached by their bytes (a client repeats them)."""
+    if len(data) < 2 or data[0] != 0x0A:
+        return None
+    size, at = data[1], 2
+    if size >= 0x80:   # a spec of 128 bytes to 16 KiB
+        if len(data) < 3 or data[2] >= 0x80:
+            return None
+        size, at = (size & 0x7F) | data[2] << 7, 3
+    raw = data[at:at + size]
+    spec = _leading.get(raw)
+    if spec is None:
+        if len(raw) != size:
+            return None
+        try:
+            spec = _spec(pb.ModelSpec.FromString(raw))
+        except message.DecodeError:
+            return None
+        if len(_leading) < 4096:
+            _leading[raw] = spec
+    return spec
+
+
 # --- encoding ------------------------------------------------------------------------------
 
 def _varint(n: int) -> bytes:
@@ -296,16 +329,32 @@ def _tensor_bytes(name: str, value: np.ndarray) -> bytes:
     return head + proto.SerializeToString()
 
 
+def encode_predict_outputs(outputs: Mapping[str, np.ndarray]) -> bytes:
+    """{output alias: array} -> a PredictResponse's outputs field (map entries in the
+    outputs' order): the response up to its model_spec (`model_spec_field`)."""
+    return b"".join([_field(0x0A, _field(0x0A, name.encode()) + _field(0x12, _tensor_bytes(name, value)))
+                     for name, value in outputs.items()])
+
+
 def encode_predict_response(outputs: Mapping[str, np.ndarray], spec: bytes) -> bytes:
     """{output alias: array} + the serialized ModelSpec -> PredictResponse bytes, fields in
     number order as TF Serving's C++ writes them (map entries in the outputs' order)."""
-    parts = [_field(0x0A, _field(0x0A, name.encode()) + _field(0x12, _tensor_bytes(name, value)))
-             for name, value in outputs.items()]
-    parts.append(_field(0x12, spec))
-    return b"".join(parts)
+    return encode_predict_outputs(outputs) + _field(0x12, spec)
 
 
 _specs: dict[tuple[str, int | None, str], bytes] = {}
+_spec_fields: dict[tuple[str, int | None, str], bytes] = {}
+
+
+def model_spec_field(name: str, version: int | None, signature_name: str) -> bytes:
+    """A PredictResponse's model_spec field (2) as `encode_predict_response` ends with it:
+    appended to the native route's outputs (Processor.process_tfs)."""
+    got = _spec_fields.get((name, version, signature_name))
+    if got is None:
+        got = _field(0x12, model_spec_bytes(name, version, signature_name))
+        if len(_spec_fields) < 4096:
+            _spec_fields[(name, version, signature_name)] = got
+    return got
 
 
 def model_spec_bytes(name: str, version: int | None, signature_name: str) -> bytes:

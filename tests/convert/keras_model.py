@@ -4,7 +4,7 @@ like tf_model.py (TensorFlow never runs in pytest's process).
     python keras_model.py write OUT export|save|mask|integer_lookup|module
         the model below, written by `model.export(OUT)` (what Keras 3 gives TF Serving
         users) or by `tf.saved_model.save(model, OUT)`; `mask`: a StringLookup with a mask
-        token; `integer_lookup`: an IntegerLookup, which recserve refuses by name (exported);
+        token; `integer_lookup`: an IntegerLookup before an Embedding (exported);
         `module`: a tf.Module without Keras (_Ranker) saved by tf.saved_model.save
     python keras_model.py predict SAVEDMODEL REQUESTS.npz OUT.npz
         TensorFlow's own predictions (tf.saved_model.load), one batch per request
@@ -23,7 +23,7 @@ import sys
 
 import keras
 import tensorflow as tf
-from model_requests import KERAS_CITIES, KERAS_HIST_ROWS, KERAS_ITEM_ROWS, KERAS_TAGS
+from model_requests import KERAS_CITIES, KERAS_HIST_ROWS, KERAS_ITEM_ROWS, KERAS_ITEMS, KERAS_TAGS
 
 
 def build() -> keras.Model:
@@ -63,10 +63,13 @@ def masked() -> keras.Model:
 
 
 def integer_lookup() -> keras.Model:
-    """`item` int64 -> IntegerLookup -> Embedding (not converted yet: the test wants its error)."""
+    """`item` int64 -> IntegerLookup (KERAS_ITEMS; one OOV index, 0: -1 and unknown ids) ->
+    Embedding 4 (N(0, 1)) -> Dense 1."""
+    keras.utils.set_random_seed(13)
     item = keras.Input(shape=(), dtype="int64", name="item")
-    ids = keras.layers.IntegerLookup(vocabulary=[10, 20, 30])(item)
-    return keras.Model({"item": item}, keras.layers.Dense(1)(keras.layers.Embedding(4, 4)(ids)))
+    ids = keras.layers.IntegerLookup(vocabulary=KERAS_ITEMS)(item)
+    embedded = keras.layers.Embedding(len(KERAS_ITEMS) + 1, 4, embeddings_initializer="normal")(ids)
+    return keras.Model({"item": item}, keras.layers.Dense(1)(embedded))
 
 
 class _Ranker(tf.Module):

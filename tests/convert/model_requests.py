@@ -85,3 +85,64 @@ def vocab_oov_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarr
              "words": np.array([[pick(VOCAB) for _ in range(3)] for _ in range(batch)], dtype=object),
              "city": np.array([pick(CITY_FILE_WORDS) for _ in range(batch)], dtype=object),
              "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]
+
+
+TOPICS = ["sports", "news", "北京", "music"]
+WEIGHTED_KW_IDS, WEIGHTED_GENRE_BUCKETS, WEIGHTED_SHOP_IDS = 100, 50, 30
+
+
+def weighted_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's weighted model. An id's weight is 0 exactly where the id is
+    padding (-1, ''), as TensorFlow needs (it pairs the k-th id with the k-th non-zero
+    weight); other weights are positive or negative, never 0; about one sample in eight has
+    no ids at all; strings are known, unseen or ''."""
+    rng = np.random.default_rng(seed)
+    pick = _picker(rng, 0.5, "unseen", 1 << 30)
+
+    def weights(padding: np.ndarray) -> np.ndarray:
+        magnitude = rng.uniform(0.05, 3.0, padding.shape) * np.where(rng.random(padding.shape) < 0.25, -1, 1)
+        return np.where(padding, 0.0, magnitude).astype(np.float32)
+
+    out = []
+    for _ in range(n):
+        kw = np.where(rng.random((batch, 4)) < 0.3, -1, rng.integers(0, WEIGHTED_KW_IDS, (batch, 4))).astype(np.int64)
+        genre = np.array([[pick(KERAS_TAGS) for _ in range(3)] for _ in range(batch)], dtype=object)
+        topic = np.array([[pick(TOPICS) for _ in range(2)] for _ in range(batch)], dtype=object)
+        shop = np.where(rng.random(batch) < 0.2, -1, rng.integers(0, WEIGHTED_SHOP_IDS, batch)).astype(np.int64)
+        empty = rng.random(batch) < 0.125
+        kw[empty], genre[empty], topic[empty], shop[empty] = -1, "", "", -1
+        out.append({"kw": kw, "kw_w": weights(kw == -1), "genre": genre, "genre_w": weights(genre == ""),
+                    "topic": topic, "topic_w": weights(topic == ""), "shop": shop, "shop_w": weights(shop == -1),
+                    "x": rng.normal(0, 1, batch).astype(np.float32)})
+    return out
+
+
+MOD_IDS, MOD_POS = 1001, 10
+
+
+def mod_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's mod model: ids over every row (and -1 padding), positions."""
+    rng = np.random.default_rng(seed)
+    return [{"ids": rng.integers(-1, MOD_IDS, (batch, 3)).astype(np.int64),
+             "pos": rng.integers(0, MOD_POS, batch).astype(np.int64),
+             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]
+
+
+SHOPS = [1000, 17, 42, 7, 123456789012]
+KERAS_ITEMS = [10, 20, 30, 7_000_000_000]
+BRANDS = [5, 6, 9]
+
+
+def int_vocab_requests(n: int, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Requests of tf_model.py's int_vocab model: known ids, unknown ones (negative and
+    beyond 2**32 too) and -1 padding."""
+    rng = np.random.default_rng(seed)
+
+    def ids(words: list[int], shape: tuple[int, ...]) -> np.ndarray:
+        roll = rng.random(shape)
+        known = np.array(words, dtype=np.int64)[rng.integers(len(words), size=shape)]
+        unknown = rng.integers(-(1 << 40), 1 << 40, shape)
+        return np.where(roll < 0.55, known, np.where(roll < 0.75, -1, unknown)).astype(np.int64)
+
+    return [{"shop": ids(SHOPS, (batch, 3)), "brand": ids(BRANDS, (batch,)),
+             "x": rng.normal(0, 1, batch).astype(np.float32)} for _ in range(n)]

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from recserve.embedding import StringKeys, string_keys
+from recserve.embedding import IntegerKeys, StringKeys, string_keys
 from recserve.errors import ModelLoadError
 from recserve.model_spec import parse_model_spec
 
@@ -114,3 +114,29 @@ def test_vocabularies_looked_up_by_hash_and_by_bytes_agree(options):
     fast.keys_at(data, fast_spans)
     slow.keys_at(data, slow_spans)
     assert fast_spans[:400].tolist() == slow_spans[:400].tolist() == fast.keys(values).tolist()
+
+
+def test_integer_vocabularies_round_trip_and_bad_ones_are_named():
+    doc = {"key_dtype": "int64", "key_hash": "vocabulary", "vocabulary": [10, None, 7_000_000_000], "default_id": 0,
+           "vocabulary_start": 1, "empty_is_padding": False}
+    spec = parse_model_spec(json.dumps({"embeddings": [{"input": "item", "table": "t", "dim": 4, **doc}]}))
+    assert spec.embeddings[0].vocabulary == (10, None, 7_000_000_000)
+    assert parse_model_spec(spec.dumps()) == spec
+    for bad in ({"vocabulary": ["a"]}, {"vocabulary": [True]}, {"vocabulary": []}, {"vocabulary": [1], "oov_buckets": 2}):
+        raw = {"input": "item", "table": "t", "dim": 4, "key_dtype": "int64", "key_hash": "vocabulary", **bad}
+        with pytest.raises(ModelLoadError, match=re.escape("with 'key_dtype' \"int64\" needs 'vocabulary' a non-empty "
+                                                           "list of integers (null: a key no id has) and no "
+                                                           "'oov_buckets'")):
+            parse_model_spec(json.dumps({"embeddings": [raw]}))
+
+
+def test_integer_keys_of_a_vocabulary():
+    """An id's index + vocabulary_start; unknown ids the default; -1 padding unless not."""
+    ids = np.array([[10, -1], [7_000_000_000, 5], [-7, 30]], dtype=np.int64)
+    columns = IntegerKeys((10, 30, 7_000_000_000))
+    assert columns.keys(ids).tolist() == [[0, -1], [2, -1], [-1, 1]]
+    keras = IntegerKeys((10, None, 30), vocabulary_start=1, default_id=0, padding=False)
+    assert keras.keys(ids).tolist() == [[1, 0], [0, 0], [0, 3]]
+    parsed = ids.ravel().copy()
+    keras.keys_at(b"", parsed)  # a parsed request's ids, keyed in place
+    assert parsed.tolist() == keras.keys(ids).ravel().tolist()

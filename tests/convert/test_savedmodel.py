@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from model_requests import CITY_FILE_WORDS, COLORS, requests, vocab_oov_requests, vocab_requests
+from served import assert_served_natively, worst
 from tf_helpers import run_tf, tf_predict
 
 from recserve import Processor
@@ -38,28 +39,6 @@ def _batches(seed: int) -> list[dict[str, np.ndarray]]:
     return requests(150, 1, seed) + requests(40, 8, seed + 1) + requests(12, 64, seed + 2)
 
 
-def _worst(processor: Processor, batches: list[dict[str, np.ndarray]], want: list[np.ndarray]) -> float:
-    """Max |recserve - TensorFlow| over EAS protobuf requests (Processor.process) and predict."""
-    worst = 0.0
-    for batch, expected in zip(batches, want):
-        status, body = processor.process(encode_request(batch))
-        assert status == 200, body
-        by_bytes = decode_response(body)["prob"]
-        by_predict = processor.predict(batch)["prob"]
-        assert by_bytes.shape == expected.shape
-        worst = max(worst, float(np.abs(by_bytes - expected).max()), float(np.abs(by_predict - expected).max()))
-    return worst
-
-
-def _assert_served_natively(processor: Processor, batches: list[dict[str, np.ndarray]]) -> None:
-    """After `_worst`: every request but the first of each layout (names, dtypes, shapes) was
-    answered by the native route -- hashed strings and vocabularies are keyed in C."""
-    layouts = {tuple((k, v.dtype.str, v.shape) for k, v in b.items()) for b in batches}
-    native = processor.model_info()["native_route"]
-    assert native["served"] == len(batches) - len(layouts), native
-    assert native["fallbacks"]["route_miss"] == len(layouts), native
-
-
 def _config(tf_model: Path, **fields: object) -> dict[str, object]:
     return {"savedmodel_dir": str(tf_model / "savedmodel"), "model_store_type": "local", **fields}
 
@@ -73,8 +52,8 @@ def test_savedmodel_serves_within_1e5_of_tensorflow(tf_model, tmp_path):
     had_tensorflow = "tensorflow" in sys.modules
     processor = Processor(_config(tf_model))
     try:
-        assert _worst(processor, batches, want) <= TOLERANCE
-        _assert_served_natively(processor, batches)
+        assert worst(processor, batches, want) <= TOLERANCE
+        assert_served_natively(processor, batches)
         # By tensor name, with an output filter by tensor name, as DeepRec's processor accepts.
         named = {f"{k}:0": v for k, v in batches[0].items()}
         status, body = processor.process(encode_request(named, output_filter=["prob:0"]))
@@ -127,14 +106,14 @@ def test_checkpoint_versions_and_an_incremental_one_serve_without_converting_aga
     processor = Processor(_config(tf_model, checkpoint_dir=str(parent), model_update_interval_seconds=0.2))
     try:
         assert processor.model_info()["version"] == "1"
-        assert _worst(processor, batches, first) <= TOLERANCE
+        assert worst(processor, batches, first) <= TOLERANCE
         onnx_path = processor._model.onnx_path
         _copy_version(ckpt / "2", parent / "2")
         _wait(processor, "version", "2")
-        assert _worst(processor, batches, second) <= TOLERANCE
+        assert worst(processor, batches, second) <= TOLERANCE
         shutil.copytree(ckpt / "2" / ".incremental_checkpoint", parent / "2" / ".incremental_checkpoint")
         _wait(processor, "delta_step", 11)
-        assert _worst(processor, batches, incremental) <= TOLERANCE
+        assert worst(processor, batches, incremental) <= TOLERANCE
         assert processor._model.onnx_path == onnx_path  # the same conversion throughout
     finally:
         processor.close()
@@ -244,7 +223,7 @@ def test_a_deeprec_embedding_variable_graph_is_converted_and_served(tf_model, tm
         want_rows = np.where((odd % 2 == 1)[:, None], matrix[odd % 4], 0)
         got = city.lookup(odd)
         np.testing.assert_array_equal(got[odd % 2 == 1], want_rows[odd % 2 == 1])
-        assert _worst(processor, batches, want) <= TOLERANCE
+        assert worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
     from recserve.convert import run_conversion
@@ -296,7 +275,7 @@ def test_vocabulary_list_columns_are_converted(tmp_path):
         bindings = {b.input: b for b in processor._model.spec.embeddings}
         assert {k: len(b.vocabulary) for k, b in bindings.items()} == {"color": 4, "words": 50, "slot": 0}
         assert (bindings["slot"].table, bindings["slot"].combiner) == ("slot_emb", "sum")
-        assert _worst(processor, batches, want) <= TOLERANCE
+        assert worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
 
@@ -319,7 +298,7 @@ def test_vocabulary_columns_with_oov_buckets_default_values_and_files_are_conver
         assert (len(words.vocabulary), words.default_id, words.oov_buckets) == (50, 7, 0)
         assert (list(city.vocabulary), city.oov_buckets, city.oov_start) == (CITY_FILE_WORDS, 2, 5)
         assert all(b.empty_is_padding for b in bindings.values())  # feature columns drop ''
-        assert _worst(processor, batches, want) <= TOLERANCE
+        assert worst(processor, batches, want) <= TOLERANCE
     finally:
         processor.close()
 
@@ -339,7 +318,7 @@ def test_shared_embedding_columns_read_one_table_from_two_inputs(tmp_path):
         tables = {b.input: b.table for b in processor._model.spec.embeddings}
         assert tables == dict.fromkeys(["clicked", "bought"], "input_layer/bought_clicked_shared_embedding/embedding_weights")
         assert list(processor._manager.current.tables) == [tables["clicked"]]
-        assert _worst(processor, batches, want) <= TOLERANCE
-        _assert_served_natively(processor, batches)
+        assert worst(processor, batches, want) <= TOLERANCE
+        assert_served_natively(processor, batches)
     finally:
         processor.close()

@@ -18,8 +18,6 @@ from model_requests import KERAS_CITIES, KERAS_HIST_ROWS, KERAS_ITEM_ROWS, KERAS
 from tf_helpers import run_tf, tf_predict
 
 from recserve import Processor
-from recserve.errors import ModelLoadError
-from recserve.model_store import LocalStorage, load_model_dir
 from recserve.server.cli import main as cli_main
 from recserve.wire.codec import decode_response, encode_request
 
@@ -120,16 +118,6 @@ def test_a_string_lookup_with_a_mask_token_is_converted(tmp_path):
         assert worst <= TOLERANCE
     finally:
         processor.close()
-
-
-def test_an_unconvertible_keras_layer_is_named(tmp_path):
-    savedmodel = tmp_path / "integer_lookup"
-    run_tf("write", str(savedmodel), "integer_lookup", script="keras_model.py")
-    with pytest.raises(ModelLoadError) as err:
-        load_model_dir(LocalStorage(), str(savedmodel))
-    message = err.value.message
-    assert "maps integer ids through" in message and "(an integer vocabulary or IntegerLookup), which recserve " \
-        "does not convert yet; integer ids are converted when they are the keys themselves" in message, message
 
 
 def test_a_tf_module_saved_by_tf_saved_model_save_is_converted(tmp_path):

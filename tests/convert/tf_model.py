@@ -12,6 +12,9 @@ protobuf must not share a process with the tests' other protobuf users).
     python tf_model.py vocab_oov OUT   vocabulary lists and files with num_oov_buckets and
         default_value (write_vocab_oov)
     python tf_model.py shared OUT    two inputs sharing one table (write_shared)
+    python tf_model.py weighted OUT [refused]   weighted categorical columns (write_weighted)
+    python tf_model.py mod OUT       partitioned variables looked up by 'mod' (write_mod)
+    python tf_model.py int_vocab OUT   integer vocabulary columns (write_int_vocab)
     python tf_model.py hash IN.npz OUT.npz   tf.strings.to_hash_bucket_fast of IN's strings
     python tf_model.py evgraph SAVEDMODEL OUT [unservable]   the SavedModel with its `city` table
         rewritten into a DeepRec Embedding Variable, `item` into a partitioned one (see rewrite_to_ev)
@@ -124,8 +127,17 @@ def predict(savedmodel: str, requests_npz: str, out_npz: str, prefix: str | None
             tf1.train.Saver().restore(sess, prefix)
         if incr:
             with np.load(incr) as d:
-                var = next(v for v in tf1.global_variables() if v.op.name == str(d["name"]))
-                sess.run(tf1.scatter_update(var, d["keys"], d["values"]))
+                name, keys, values = str(d["name"]), d["keys"], d["values"]
+            whole = [v for v in tf1.global_variables() if v.op.name == name]
+            parts = whole or sorted((v for v in tf1.global_variables() if v.op.name.startswith(f"{name}/part_")),
+                                    key=lambda v: int(v.op.name.rsplit("_", 1)[1]))
+            offset = 0
+            for var in parts:  # a partitioned variable: row r of the concatenation is in the part holding it
+                rows = int(var.shape[0])
+                mine = (keys >= offset) & (keys < offset + rows)
+                if mine.any():
+                    sess.run(tf1.scatter_update(var, keys[mine] - offset, values[mine]))
+                offset += rows
         sig = meta.signature_def["serving_default"]
         feeds = {k: graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
         output = "prob" if "prob" in sig.outputs else min(sig.outputs)  # Keras's export: output_0
@@ -223,6 +235,116 @@ def write_shared(out: str) -> None:
                                               fc.categorical_column_with_identity("bought", 100)], 4,
                                              initializer=tf1.random_normal_initializer(stddev=1.0))
         _save_small(out, inputs, fc.input_layer(inputs, [*shared, fc.numeric_column("x")]))
+
+
+def write_weighted(out: str, refused: bool = False) -> None:
+    """weighted_categorical_column under embedding_column (embedding_lookup_sparse with
+    sp_weights): `kw` (int64 [batch, 4], -1 padded, identity over 100 ids, partitioned in 2)
+    weighted by `kw_w`, dim 4, sum; `genre` (strings [batch, 3], '' padded, 50 hash buckets)
+    weighted by `genre_w`, dim 6, mean; `topic` (strings [batch, 2], a vocabulary list with
+    2 OOV buckets) weighted by `topic_w`, dim 4, sqrtn; `shop` (one int64 id per sample,
+    identity over 30) weighted by `shop_w`, dim 3, mean; numeric `x`; output `prob`.
+    `refused`: `topic`'s vocabulary drops unknown words (default_value -1) and pools by mean."""
+    from model_requests import TOPICS, WEIGHTED_GENRE_BUCKETS, WEIGHTED_KW_IDS, WEIGHTED_SHOP_IDS
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(8)
+        inputs = {"kw": tf1.placeholder(tf.int64, [None, 4], name="kw"),
+                  "kw_w": tf1.placeholder(tf.float32, [None, 4], name="kw_w"),
+                  "genre": tf1.placeholder(tf.string, [None, 3], name="genre"),
+                  "genre_w": tf1.placeholder(tf.float32, [None, 3], name="genre_w"),
+                  "topic": tf1.placeholder(tf.string, [None, 2], name="topic"),
+                  "topic_w": tf1.placeholder(tf.float32, [None, 2], name="topic_w"),
+                  "shop": tf1.placeholder(tf.int64, [None], name="shop"),
+                  "shop_w": tf1.placeholder(tf.float32, [None], name="shop_w"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        weighted = fc.weighted_categorical_column
+        with tf1.variable_scope("kw_scope", partitioner=tf1.fixed_size_partitioner(2)):
+            kw = fc.input_layer(inputs, [fc.embedding_column(
+                weighted(fc.categorical_column_with_identity("kw", WEIGHTED_KW_IDS), "kw_w"), 4, combiner="sum",
+                initializer=normal)])
+        topics = (fc.categorical_column_with_vocabulary_list("topic", TOPICS) if refused else
+                  fc.categorical_column_with_vocabulary_list("topic", TOPICS, num_oov_buckets=2))
+        rest = fc.input_layer(inputs, [
+            fc.embedding_column(weighted(fc.categorical_column_with_hash_bucket("genre", WEIGHTED_GENRE_BUCKETS),
+                                         "genre_w"), 6, combiner="mean", initializer=normal),
+            fc.embedding_column(weighted(topics, "topic_w"), 4, combiner="mean" if refused else "sqrtn",
+                                initializer=normal),
+            fc.embedding_column(weighted(fc.categorical_column_with_identity("shop", WEIGHTED_SHOP_IDS), "shop_w"), 3,
+                                combiner="mean", initializer=normal),
+            fc.numeric_column("x")])
+        _save_small(out, inputs, tf.concat([kw, rest], axis=1))
+
+
+def write_int_vocab(out: str) -> None:
+    """Integer vocabulary columns (categorical_column_with_vocabulary_list of int64): `shop`
+    (int64 [batch, 3], -1 padded; unknown ids dropped, default_value -1) dim 4, mean; `brand`
+    (one int64 per sample; unknown ids get default_value 1) dim 3, sum; numeric `x`; output
+    `prob`."""
+    from model_requests import BRANDS, SHOPS
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(12)
+        inputs = {"shop": tf1.placeholder(tf.int64, [None, 3], name="shop"),
+                  "brand": tf1.placeholder(tf.int64, [None], name="brand"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        vocabulary = fc.categorical_column_with_vocabulary_list
+        _save_small(out, inputs, fc.input_layer(inputs, [
+            fc.embedding_column(vocabulary("shop", SHOPS, dtype=tf.int64), 4, combiner="mean", initializer=normal),
+            fc.embedding_column(vocabulary("brand", BRANDS, dtype=tf.int64, default_value=1), 3, combiner="sum",
+                                initializer=normal),
+            fc.numeric_column("x")]))
+
+
+def write_mod(out: str) -> None:
+    """Partitioned variables looked up with partition_strategy='mod' (id i at row i // 3 of
+    part i % 3): `ids` (int64 [batch, 3], -1 padded) in `mod_emb` (1001 rows in 3 parts, dim 4)
+    by safe_embedding_lookup_sparse, mean; `pos` (int64 [batch]) in `pos_emb` (10 rows in 3
+    parts, dim 2) by embedding_lookup, unpooled; numeric `x`; output `prob`. OUT/savedmodel,
+    and OUT/ckpt/1 (Saver, the parts as slices) holding other values for every variable."""
+    from model_requests import MOD_IDS, MOD_POS
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(9)
+        inputs = {"ids": tf1.placeholder(tf.int64, [None, 3], name="ids"),
+                  "pos": tf1.placeholder(tf.int64, [None], name="pos"),
+                  "x": tf1.placeholder(tf.float32, [None], name="x")}
+        normal = tf1.random_normal_initializer(stddev=1.0)
+        table = tf1.get_variable("mod_emb", [MOD_IDS, 4], initializer=normal, partitioner=tf1.fixed_size_partitioner(3))
+        positions = tf1.get_variable("pos_emb", [MOD_POS, 2], initializer=normal,
+                                     partitioner=tf1.fixed_size_partitioner(3))
+        kept = tf.where(tf.not_equal(inputs["ids"], -1))
+        sparse = tf.SparseTensor(kept, tf.gather_nd(inputs["ids"], kept), tf.shape(inputs["ids"], out_type=tf.int64))
+        pooled = tf1.nn.safe_embedding_lookup_sparse(table, sparse, None, combiner="mean", partition_strategy="mod")
+        unpooled = tf1.nn.embedding_lookup(positions, inputs["pos"], partition_strategy="mod")
+        x = tf.concat([pooled, unpooled, tf.expand_dims(inputs["x"], 1)], axis=1)
+        kernel = tf1.get_variable("dense/kernel", [int(x.shape[1]), 1], initializer=tf1.glorot_uniform_initializer())
+        prob = tf.sigmoid(tf.reshape(tf.matmul(x, kernel), [-1]), name="prob")
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            builder = tf1.saved_model.Builder(f"{out}/savedmodel")
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": tf1.saved_model.predict_signature_def(inputs, {"prob": prob})})
+            builder.save()
+            rng = np.random.default_rng(10)
+            sess.run([v.assign(rng.normal(0, 1, v.shape).astype(np.float32)) for v in tf1.global_variables()])
+            os.makedirs(f"{out}/ckpt/1")
+            tf1.train.Saver().save(sess, f"{out}/ckpt/1/model.ckpt", global_step=7)
+            # An incremental bundle changing rows of mod_emb by row index of the saved (concatenated)
+            # variable: the first and last rows of each part.
+            keys = np.array([0, 333, 334, 667, 668, 1000], dtype=np.int64)
+            values = rng.normal(0, 3, (len(keys), 4)).astype(np.float32)
+            incr = f"{out}/ckpt/1/.incremental_checkpoint"
+            os.makedirs(incr)
+            sess.run(tf1.raw_ops.SaveV2(prefix=f"{incr}/model.ckpt-9", tensor_names=["mod_emb-sparse_incr_keys",
+                                                                                      "mod_emb-sparse_incr_values"],
+                                        shape_and_slices=["", ""], tensors=[keys, values]))
+            np.savez(f"{out}/incr.npz", name=np.array("mod_emb"), keys=keys, values=values)
 
 
 EV_TABLE = "input_layer/city_embedding/embedding_weights"
@@ -345,6 +467,12 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif command == "vocab":
         write_vocab(sys.argv[2])
+    elif command == "int_vocab":
+        write_int_vocab(sys.argv[2])
+    elif command == "mod":
+        write_mod(sys.argv[2])
+    elif command == "weighted":
+        write_weighted(sys.argv[2], refused=sys.argv[3:] == ["refused"])
     elif command == "shared":
         write_shared(sys.argv[2])
     elif command == "vocab_oov":

@@ -10,6 +10,7 @@ from recserve.embedding import _pure, default_vectors
 from recserve.export import TableData, string_key, write_checkpoint, write_delta, write_model_dir
 from recserve.export.reference import default_rows, reference_predict, splitmix64
 from recserve.model_spec import DefaultSpec, EmbeddingBinding, ModelSpec
+from recserve.wire.codec import decode_response, encode_request
 
 DIM = 2
 NORMAL = DefaultSpec(kind="normal", stddev=0.5, seed=3)
@@ -174,5 +175,38 @@ def test_rows_defaults_are_row_key_mod_k_of_the_file_and_the_processor_agrees(tm
         served = processor.predict(inputs)
         for name in ("bag_none", "bag_sum", "bag_mean", "bag_sqrtn", "id", "city"):
             np.testing.assert_array_equal(served[name], out[name])
+    finally:
+        processor.close()
+
+
+def test_integer_vocabulary_keys_by_hand_and_the_processor_agrees(tmp_path):
+    """`"key_dtype": "int64"` with a vocabulary: an id's key is its index (+ start), others the
+    default; -1 padding; the Processor (IntegerKeys, routed in Python) serves the same."""
+    from recserve import Processor
+
+    vocabulary = (7_000_000_000, None, 5)  # keys 10, 11 (no id), 12
+    bindings = tuple(EmbeddingBinding(b.input, b.table, DIM, b.graph_input, combiner=b.combiner, key_dtype=b.key_dtype,
+                                      default=b.default, vocabulary=vocabulary if b.table == "t" else (),
+                                      vocabulary_start=10 if b.table == "t" else 0,
+                                      default_id=30 if b.table == "t" else -1) for b in BINDINGS)
+    model_dir = write_model_dir(tmp_path / "model", _passthrough_model(), ModelSpec(embeddings=bindings))
+    keys = np.array([10, 12, 30], dtype=np.int64)
+    values = np.array([[1.0, 2.0], [3.0, 5.0], [-4.0, 0.5]], dtype=np.float32)
+    version = write_checkpoint(tmp_path / "ckpt", {"t": (keys, values), "u": (keys, values), "cities": (
+        np.array([1], np.int64), np.ones((1, DIM), np.float32))}, global_step=1)
+    bag = np.array([[7_000_000_000, 5, -1], [4, 10, -1], [-1, -1, -1]], dtype=np.int64)  # 4, 10: unknown -> key 30
+    inputs = _inputs(bag_sum=bag, bag_mean=bag, bag_sqrtn=bag, bag_none=bag)
+    out = reference_predict(model_dir, version.parent, inputs)
+    np.testing.assert_array_equal(out["bag_none"], [[[1, 2], [3, 5], [0, 0]], [[-4, 0.5], [-4, 0.5], [0, 0]],
+                                                    [[0, 0], [0, 0], [0, 0]]])
+    np.testing.assert_array_equal(out["bag_sum"], [[4, 7], [-8, 1], [0, 0]])
+    processor = Processor({"savedmodel_dir": str(model_dir), "checkpoint_dir": str(version.parent)})
+    try:
+        for _ in range(3):  # by predict, and by bytes: the first request of a layout, then its route
+            status, body = processor.process(encode_request(inputs))
+            assert status == 200, body
+            for served in (processor.predict(inputs), decode_response(body)):
+                for name in ("bag_none", "bag_sum", "bag_mean", "bag_sqrtn", "id"):
+                    np.testing.assert_array_equal(served[name], out[name])
     finally:
         processor.close()

@@ -7,11 +7,15 @@
  * servable's vocabulary, as the seed picks), float and integer inputs fed as
  * dense inputs of a type the seed picks), registers it with a servable and serves the same
  * bytes through rs_route_process, with a dense runner written here (one float32 output per
- * input: the sum of its values; an int64 output of the input count; a bool one). Checks:
+ * input: the sum of its values; an int64 output of 1-48 values as the input's first and last bytes and the input count pick; a
+ * bool one). The same
+ * bytes go the TF Serving way too: when rs_decode_tfs_request takes them, the layout behind
+ * its ModelSpec prefix gets a route the same way and rs_route_process_tfs serves them. Checks:
  *   - a request whose layout was registered is served (200) and its response is the same
  *     bytes when served again (the route consumes nothing it does not own);
  *   - a registered layout's response parses as a PredictResponse's framing: one entry per
- *     output, each (name, ArrayProto) in bounds;
+ *     output, each (name, ArrayProto) in bounds; a TF Serving one's TensorProto holds its
+ *     dtype, a tensor_shape and exactly the shape's count of values in the dtype's field;
  *   - a layout the harness cannot describe is refused (rs_servable_refuse_layout) and falls
  *     back as RS_FALLBACK_NOT_NATIVE;
  *   - a request of any other layout falls back (0) and allocates nothing;
@@ -34,6 +38,7 @@ static rs_route_slot* slot;
 static rs_servable* current;
 static int64_t current_vocabulary; /* its handle in `current` */
 static int served_inputs;
+static uint8_t run_seed; /* the choice byte mixed with the input's last: the runner's int64 output follows it */
 
 /* ---- the dense runner: deterministic outputs from the inputs, no model ---------------- */
 
@@ -70,11 +75,16 @@ static int run(void* runner, const rs_tensor_in* inputs, size_t n, const char* c
             }
             out->data = sums;
         } else if (o % 3 == 1) {
+            /* 1-48 int64s of every varint width, as the input's bytes and count pick: entries of every
+             * size around 127 bytes, where a length's varint grows a byte (finding 14). */
+            int64_t count = 1 + (run_seed + 5 * (int64_t)n) % 48;
             out->elem_type = RS_ELEM_INT64;
-            out->rank = 0;
-            out->bytes = 8;
-            out->data = malloc(8);
-            *(int64_t*)out->data = -(int64_t)n;
+            out->rank = 1;
+            out->shape[0] = count;
+            out->bytes = (size_t)count * 8;
+            out->data = malloc(out->bytes);
+            for (int64_t i = 0; i < count; i++)
+                ((int64_t*)out->data)[i] = (int64_t)(0x9E3779B97F4A7C15ULL >> ((i * 7 + run_seed + (int64_t)n) % 64)) - (int64_t)n;
         } else {
             out->elem_type = RS_ELEM_BOOL;
             out->rank = 2;
@@ -246,8 +256,55 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
     return 0;
 }
 
-/* The response's framing: entries of (field 1: name, field 2: ArrayProto), all in bounds. */
-static int entries(const uint8_t* p, int64_t size) {
+/* A TensorProto as rs_route_process_tfs writes it: dtype, tensor_shape (a Dim message per
+ * dimension), then -- unless the shape holds no element -- the dtype's value field with
+ * exactly the shape's count of values. */
+static void check_tensor(const uint8_t* p, const uint8_t* end) {
+    CHECK(p < end && *p++ == 0x08);
+    uint64_t dtype = varint(&p, end);
+    static const uint8_t fields[] = {[1] = 0x2A, [2] = 0x32, [3] = 0x3A, [9] = 0x52, [10] = 0x5A};
+    CHECK(dtype < sizeof fields && fields[dtype]);
+    CHECK(p < end && *p++ == 0x12);
+    uint64_t shape = varint(&p, end);
+    CHECK(shape <= (uint64_t)(end - p));
+    const uint8_t* shape_end = p + shape;
+    uint64_t elements = 1;
+    while (p < shape_end) {
+        CHECK(*p++ == 0x12);
+        uint64_t dim = varint(&p, shape_end);
+        CHECK(dim <= (uint64_t)(shape_end - p));
+        uint64_t size = 0;
+        if (dim) {
+            const uint8_t* dim_end = p + dim;
+            CHECK(*p++ == 0x08);
+            size = varint(&p, dim_end);
+            CHECK(size > 0 && p == dim_end); /* a 0 is left out, as proto3 does */
+        }
+        elements *= size;
+    }
+    if (!elements) {
+        CHECK(p == end);
+        return;
+    }
+    CHECK(p < end && *p++ == fields[dtype]);
+    uint64_t payload = varint(&p, end);
+    CHECK(payload == (uint64_t)(end - p));
+    if (dtype == 1 || dtype == 2) {
+        CHECK(payload == elements * (dtype == 1 ? 4 : 8));
+        return;
+    }
+    uint64_t count = 0;
+    while (p < end) {
+        uint64_t v = varint(&p, end);
+        CHECK(dtype != 10 || v <= 1);
+        count++;
+    }
+    CHECK(count == elements);
+}
+
+/* The response's framing: entries of (field 1: name, field 2: ArrayProto or, for TF
+ * Serving, a TensorProto checked whole), all in bounds. */
+static int entries(const uint8_t* p, int64_t size, int tfs) {
     const uint8_t* end = p + size;
     int n = 0;
     while (p < end) {
@@ -260,10 +317,87 @@ static int entries(const uint8_t* p, int64_t size) {
         CHECK(p < stop && *p++ == 0x12);
         uint64_t array = varint(&p, stop);
         CHECK(array == (uint64_t)(stop - p));
+        if (tfs)
+            check_tensor(p, stop);
         p = stop;
         n++;
     }
     return n;
+}
+
+/* Where the layout starts behind rs_decode_tfs_request's ModelSpec prefix (codec.h). */
+static int64_t tfs_prefix(const uint8_t* layout, int64_t size) {
+    const uint8_t *p = layout, *end = layout + size;
+    p += varint(&p, end); /* model_spec.name */
+    uint64_t kind = varint(&p, end);
+    CHECK(kind <= 2);
+    if (kind == 1)
+        varint(&p, end);
+    else if (kind == 2)
+        p += varint(&p, end);
+    CHECK(p <= end);
+    return p - layout;
+}
+
+typedef int64_t (*decode_fn)(const uint8_t*, int64_t, int64_t*, int64_t, int64_t*, int64_t);
+typedef int (*process_fn)(rs_route_slot*, const uint8_t*, int64_t, uint8_t**, int64_t*, int64_t*);
+
+/* The request through one protocol's decoder and route entry (the checks above). */
+static void serve(const uint8_t* request, int64_t n, uint8_t seed, int tfs) {
+    decode_fn decode = tfs ? rs_decode_tfs_request : rs_decode_request;
+    process_fn process = tfs ? rs_route_process_tfs : rs_route_process;
+    int64_t values_cap = n + 1;
+    int64_t* values = malloc((size_t)values_cap * sizeof(int64_t));
+    int64_t* scratch = malloc((size_t)(32 * n + 64) * sizeof(int64_t));
+    int64_t layout = decode(request, n, values, values_cap, scratch, 32 * n + 64);
+    if (layout == -RS_CODEC_VALUES_FULL) { /* a TF Serving tensor repeating values to fill: codec.h's bound */
+        values_cap = 2 * (n + 1) + 2 * RS_CODEC_TFS_MAX_FILL;
+        values = realloc(values, (size_t)values_cap * sizeof(int64_t));
+        layout = decode(request, n, values, values_cap, scratch, 32 * n + 64);
+    }
+    uint8_t* out = NULL;
+    int64_t out_size = -1, info[RS_INFO_SIZE];
+    int registered = 0, refused = 0;
+    if (layout > 0) {
+        int64_t start = tfs ? tfs_prefix((const uint8_t*)scratch, layout) : 0;
+        const uint8_t* key = (const uint8_t*)scratch + start;
+        int64_t key_size = layout - start;
+        static description d;
+        memset(&d, 0, sizeof d);
+        if (describe(key, key_size, seed, &d) != 0) {
+            int added = rs_servable_refuse_layout(current, key, key_size);
+            CHECK(added >= 0);
+            refused = added == 0; /* (1: a route or a refusal of this layout was there first, or the table is full) */
+        } else {
+            int added = rs_servable_add_route(current, key, key_size, d.ints, d.n, d.names, d.names_size);
+            CHECK(added >= 0);
+            registered = added == 0 || added == 1;
+            if (added == 1 && rs_servable_routes(current) >= 1024)
+                registered = 0; /* the table is full: it may not hold this layout */
+        }
+    }
+    int status = process(slot, request, n, &out, &out_size, info);
+    if (registered)
+        CHECK(status == 200); /* this layout's route (or an earlier one for the same layout) serves it */
+    if (refused)
+        CHECK(status == 0 && info[RS_INFO_REASON] == RS_FALLBACK_NOT_NATIVE);
+    if (status == 200) {
+        CHECK(out && out_size >= 0);
+        CHECK(entries(out, out_size, tfs) >= 1);
+        uint8_t* again = NULL;
+        int64_t again_size = -1;
+        CHECK(process(slot, request, n, &again, &again_size, NULL) == 200);
+        CHECK(again_size == out_size && memcmp(again, out, (size_t)out_size) == 0);
+        free(again);
+    } else {
+        CHECK(status == 0 && out == NULL && out_size == 0);
+        CHECK(info[RS_INFO_REASON] >= 0 && info[RS_INFO_REASON] < RS_FALLBACK_REASONS);
+        if (layout < 0)
+            CHECK(info[RS_INFO_REASON] == RS_FALLBACK_PARSE);
+    }
+    free(out);
+    free(values);
+    free(scratch);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -272,6 +406,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 2 || size > 1 << 16)
         return 0;
     uint8_t seed = data[0];
+    run_seed = (uint8_t)(seed ^ (data[size - 1] * 31));
     int64_t n = (int64_t)size - 1;
     uint8_t* request = malloc((size_t)n); /* exactly its size: ASan sees a read past the end */
     memcpy(request, data + 1, (size_t)n);
@@ -287,49 +422,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     served_inputs++;
 
-    int64_t* values = malloc((size_t)(n + 1) * sizeof(int64_t));
-    int64_t* scratch = malloc((size_t)(32 * n + 64) * sizeof(int64_t));
-    int64_t layout = rs_decode_request(request, n, values, n + 1, scratch, 32 * n + 64);
-    uint8_t* out = NULL;
-    int64_t out_size = -1, info[RS_INFO_SIZE];
-    int registered = 0, refused = 0;
-    if (layout > 0) {
-        static description d;
-        memset(&d, 0, sizeof d);
-        if (describe((const uint8_t*)scratch, layout, seed, &d) != 0) {
-            int added = rs_servable_refuse_layout(current, (const uint8_t*)scratch, layout);
-            CHECK(added >= 0);
-            refused = added == 0; /* (1: a route or a refusal of this layout was there first, or the table is full) */
-        } else {
-            int added = rs_servable_add_route(current, (const uint8_t*)scratch, layout, d.ints, d.n, d.names, d.names_size);
-            CHECK(added >= 0);
-            registered = added == 0 || added == 1;
-            if (added == 1 && rs_servable_routes(current) >= 1024)
-                registered = 0; /* the table is full: it may not hold this layout */
-        }
-    }
-    int status = rs_route_process(slot, request, n, &out, &out_size, info);
-    if (registered)
-        CHECK(status == 200); /* this layout's route (or an earlier one for the same layout) serves it */
-    if (refused)
-        CHECK(status == 0 && info[RS_INFO_REASON] == RS_FALLBACK_NOT_NATIVE);
-    if (status == 200) {
-        CHECK(out && out_size >= 0);
-        CHECK(entries(out, out_size) >= 1);
-        uint8_t* again = NULL;
-        int64_t again_size = -1;
-        CHECK(rs_route_process(slot, request, n, &again, &again_size, NULL) == 200);
-        CHECK(again_size == out_size && memcmp(again, out, (size_t)out_size) == 0);
-        free(again);
-    } else {
-        CHECK(status == 0 && out == NULL && out_size == 0);
-        CHECK(info[RS_INFO_REASON] >= 0 && info[RS_INFO_REASON] < RS_FALLBACK_REASONS);
-        if (layout < 0)
-            CHECK(info[RS_INFO_REASON] == RS_FALLBACK_PARSE);
-    }
-    free(out);
-    free(values);
-    free(scratch);
+    serve(request, n, seed, 0);
+    serve(request, n, seed, 1);
     free(request);
     return 0;
 }

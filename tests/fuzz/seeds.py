@@ -123,7 +123,8 @@ def checkpoint_seeds() -> None:
 
 def route_seeds() -> None:
     """A route choice byte, then a request: requests as the demo model and the plain DLRM
-    model get them (ids, strings, dense floats), and the codec's corpus."""
+    model get them (ids, strings, dense floats), and the codec's corpus; TF Serving's
+    (the harness serves each input both ways) from the codec_tfs corpus."""
     from recserve.export.demo import DEMO_SPEC  # noqa: F401  (the demo's inputs, below)
     from recserve.wire.codec import encode_request
 
@@ -138,6 +139,7 @@ def route_seeds() -> None:
     ]
     codec = sorted((HERE / "corpus" / "codec").iterdir())[:60]
     requests += [path.read_bytes() for path in codec]
+    requests += [path.read_bytes() for path in sorted((HERE / "corpus" / "codec_tfs").iterdir())[:60]]
     for i, data in enumerate(requests):
         write("route", bytes([i * 37 % 256]) + data)
 

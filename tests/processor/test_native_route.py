@@ -352,7 +352,7 @@ def test_the_route_call_module_refuses_bad_arguments(demo_processor: Processor) 
         _route_call.process(0, b"\x0a")
     with pytest.raises(TypeError):
         _route_call.process("slot", b"\x0a")
-    with pytest.raises(ValueError, match="the address of rs_route_process must not be 0"):
-        _route_call.bind(0)
+    with pytest.raises(ValueError, match=r"the address of rs_route_process\(_tfs\) must not be 0"):
+        _route_call.bind(0, 0)
     assert _route_call.process(slot, b"\x0a\xff") is None   # declined by the C parser: the caller's Python route
-    assert _route_call.process_traced(slot, "not bytes") is None
+    assert _route_call.process_traced(slot, "not bytes", False) is None

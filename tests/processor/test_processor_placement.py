@@ -149,10 +149,12 @@ def test_a_plain_model_takes_the_request_route_with_its_concat_folded(tmp_path: 
             assert status == 200, body
             got = codec.decode_response(body)["prob"]
             assert got.shape == want.shape and float(np.abs(got - want).max()) <= 1e-6
-            # The general path (predict) folds in the session group: same answer.
+            # predict takes routes too (native_predict): same answer.
             assert float(np.abs(processor.predict(request)["prob"] - want).max()) <= 1e-6
         routes = list(servable.routes.values())
-        assert len(routes) == 3 and all(route._folded is not None for route in routes)
+        # Per batch size one route for process (its requests name serving_default) and one
+        # for predict (no signature name: another layout).
+        assert len(routes) == 6 and all(route._folded is not None for route in routes)
         # An id outside the table is an unknown key: zeros, as on the placed path.
         request = {"dense": np.zeros((1, 3), np.float32)} | {f"C{t}": np.array([50 + t]) for t in range(4)}
         status, body = processor.process(codec.encode_request(request))

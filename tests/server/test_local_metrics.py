@@ -5,10 +5,11 @@ by presence), from several threads at once without a lost update."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics
+from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
 from tests.threads import Threads
 
 BUCKETS = (0.0001, 0.001, 0.25, 1.0, 2.5)
@@ -80,3 +81,55 @@ def test_no_update_is_lost_across_threads() -> None:
     assert samples[("t_seconds_sum", (("model", "a"),))] == 40_000
     assert samples[("t_seconds_bucket", (("le", "1.0"), ("model", "a")))] == 80_000
     assert samples[("t_seconds_bucket", (("le", "0.25"), ("model", "a")))] == 0
+
+
+def test_request_recorder_same_text_as_prometheus_client_updates() -> None:
+    """A request recorded in one call (RequestRecorder, one process) reads as the same
+    requests' counter and histogram updates made one by one with prometheus_client (a worker
+    pool), from several threads at once."""
+    local, registry = LocalMetrics(), CollectorRegistry()
+    ours_registry = CollectorRegistry()
+    ours_registry.register(local)
+
+    def families(counter: Any, histogram: Any) -> tuple[Any, ...]:
+        return (counter("t_requests", "Requests.", ["model", "route", "code"]),
+                histogram("t_seconds", "Seconds.", ["model", "route"], BUCKETS),
+                counter("t_cpu", "CPU.", ["model", "route"]),
+                histogram("t_stage", "Stages.", ["model", "stage"], BUCKETS),
+                histogram("t_batch", "Rows.", ["model"], (1.0, 8.0, 64.0)))
+
+    requests, seconds, cpu, stage, batch = families(
+        lambda *a: LocalCounter(local, *a), lambda *a: LocalHistogram(local, *a))
+    stages = ("decode", "lookup", "run", "encode")
+    record = RequestRecorder(local.lock, requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
+                             cpu.labels("m", "eas"), [stage.labels("m", s) for s in stages], batch.labels("m"))
+    p_requests, p_seconds, p_cpu, p_stage, p_batch = families(
+        lambda *a: Counter(*a, registry=registry), lambda *a: Histogram(*a[:3], buckets=a[3], registry=registry))
+    for name in stages:  # the children made in the same order (as ServerMetrics makes them up front)
+        p_stage.labels("m", name)
+    # Binary fractions: their sums are exact in any order, as threads add them.
+    calls = [(2 ** -13, 2 ** -14, (2 ** -16, 0.0, 2 ** -12, 0.25), 64), (1.0, 0.5, (0.0, 0.0, 0.0, 0.0), 0),
+             (3.0, 0.0, (2.5, 2 ** -14, 1.0, 2 ** -10), 1), (0.0, 0.25, (0.0, 2 ** -13, 0.0, 0.0), 100)]
+
+    def ours() -> None:
+        for _ in range(500):
+            for call in calls:
+                record(*call)
+
+    def theirs() -> None:
+        for _ in range(500):
+            for took, spent, stage_seconds, rows in calls:
+                p_requests.labels("m", "eas", "200").inc()
+                p_seconds.labels("m", "eas").observe(took)
+                p_cpu.labels("m", "eas").inc(spent)
+                for name, value in zip(stages, stage_seconds):
+                    if value:
+                        p_stage.labels("m", name).observe(value)
+                if rows:
+                    p_batch.labels("m").observe(rows)
+
+    Threads([ours] * 4 + [theirs] * 4, "recording requests both ways").join(timeout=60)
+    ours_text, theirs_text = generate_latest(ours_registry), generate_latest(registry)
+    assert _without_created_values(ours_text) == _without_created_values(theirs_text)
+    assert 't_requests_total{code="200",model="m",route="eas"} 8000.0' in ours_text.decode()
+    assert 't_stage_count{model="m",stage="lookup"} 4000.0' in ours_text.decode()  # zeros are not observed

@@ -40,6 +40,8 @@ from tensorflow_serving.apis import (
 )
 
 from recserve import Processor
+from recserve.processor.trace import RequestTrace
+from recserve.wire import tfserving_codec as tfs
 from tests.server.conftest import ROOT, start_server
 
 # --- a plain ONNX model with an input of every dtype recserve serves, and a scalar ----------
@@ -256,6 +258,55 @@ def test_demo_predict_equals_processor(stub, server, demo, demo_processor):
     assert _metric(server, "recserve_requests_total", route="tfserving_grpc", code="200",
                    model="default") - answered == 6
     assert _metric(server, "recserve_request_cpu_seconds_total", route="tfserving_grpc", model="default") > cpu
+
+
+def _python_answer(processor, data: bytes, version: int = 1, signature: str = "serving_default") -> bytes:
+    """What the Python route answers `data` (the generated parser, the general path)."""
+    call = tfs.decode_predict_request(data)
+    outputs = processor.serve(None, call.decoded, RequestTrace())
+    return tfs.encode_predict_outputs(outputs) + tfs.model_spec_field("default", version, signature)
+
+
+def test_demo_predict_is_native_byte_for_byte(channel, stub, server, demo, demo_processor):
+    """After a layout's first request, the server answers it on the native route: the same
+    bytes as the Python route, to a raw call and to TensorFlow's stub, counted as native."""
+    raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    rng = np.random.default_rng(36)
+    native = fallbacks = 0.0
+    for n, batch in enumerate((1, 2, 7, 64, 1, 64)):
+        inputs = demo.sample_inputs(batch, rng)
+        if n % 2:   # the *_val form, and a version named
+            request = _request({k: _val_form(v) for k, v in inputs.items()}, version=1)
+        else:
+            request = _request(inputs, signature="serving_default", output_filter=["probabilities"][:n % 4])
+        data = request.SerializeToString()
+        want = _python_answer(demo_processor, data)
+        raw(data, timeout=30)   # a new layout: validated and registered by the Python route
+        native = _metric(server, "recserve_native_route_requests_total", model="default")
+        fallbacks = _metric(server, "recserve_native_route_fallbacks_total", model="default")
+        assert raw(data, timeout=30) == want
+        response, call = stub.Predict.with_call(request, timeout=30)
+        assert response == predict_pb2.PredictResponse.FromString(want)
+        assert ("x-recserve-model-version", "1") in call.trailing_metadata()
+        _assert_exact(_outputs(response), demo_processor.predict(inputs, request.output_filter or None))
+        assert _metric(server, "recserve_native_route_requests_total", model="default") - native == 2
+        assert _metric(server, "recserve_native_route_fallbacks_total", model="default") == fallbacks
+    # The checks the handler keeps on a native answer: the version and the label.
+    version = _error(raw, _request(inputs, version=7).SerializeToString())
+    assert version.code() == grpc.StatusCode.NOT_FOUND
+    assert version.details().startswith("Servable not found for request: Specific(default, 7)")
+    label = _error(stub.Predict, _request(inputs, label="canary"))
+    assert label.code() == grpc.StatusCode.NOT_FOUND and "'canary'" in label.details()
+    # A second model_spec merges into the first (protobuf's rule): the merged name decides.
+    merged = _error(raw, _request(inputs).SerializeToString() + b"\x0a\x07\x0a\x05other")
+    assert merged.code() == grpc.StatusCode.NOT_FOUND
+    assert merged.details() == "unknown model 'other'; this server serves ['default']"
+    # A form the C parser declines (float16 values): the Python route's answer, counted.
+    half = dict(inputs, age=inputs["age"].astype(np.float16))
+    data = _request(half).SerializeToString()
+    before = _metric(server, "recserve_native_route_fallbacks_total", model="default", reason="parse")
+    assert raw(data, timeout=30) == _python_answer(demo_processor, data)
+    assert _metric(server, "recserve_native_route_fallbacks_total", model="default", reason="parse") == before + 1
 
 
 def _error(call, request) -> grpc.RpcError:

@@ -77,6 +77,19 @@ def test_every_worker_answers_like_the_processor(launch, demo, demo_processor):
     expected = demo_processor.predict(inputs, ["probabilities"])["probabilities"]
     for got in answers(running.url, body, 40):
         np.testing.assert_array_equal(got, expected)
+    # KServe v2 and TF Serving REST JSON: Processor.predict on each worker (the native route).
+    as_lists = {k: [v.decode() for v in a.tolist()] if a.dtype == object else a.tolist() for k, a in inputs.items()}
+    v2_types = {"f": "FP32", "i": "INT64", "O": "BYTES"}
+    v2 = {"inputs": [{"name": k, "shape": list(a.shape), "datatype": v2_types[a.dtype.kind], "data": as_lists[k]}
+                     for k, a in inputs.items()], "outputs": [{"name": "probabilities"}]}
+    for _ in range(10):   # fresh connections: both workers
+        kserve = httpx.post(f"{running.url}/v2/models/default/infer", json=v2, timeout=30)
+        assert kserve.status_code == 200, kserve.text
+        got = np.array(kserve.json()["outputs"][0]["data"], np.float32).reshape(expected.shape)
+        np.testing.assert_array_equal(got, expected)
+        rest = httpx.post(f"{running.url}/v1/models/default:predict", json={"inputs": as_lists}, timeout=30)
+        assert rest.status_code == 200, rest.text
+        np.testing.assert_array_equal(np.array(rest.json()["outputs"]["probabilities"], np.float32), expected)
     assert len(worker_pids(running.process.pid)) == 2
     metrics = httpx.get(f"{running.url}/metrics", timeout=10).text
     # /metrics on one worker counts every worker's requests (41+: the loop above and more).

@@ -24,6 +24,7 @@ from recserve.config import ProcessorConfig
 from recserve.errors import ModelNotReadyError, RecserveError
 from recserve.model_store.load_progress import LoadProgress
 from recserve.processor.manager import ServableManager
+from recserve.processor.native_predict import NativePredict
 from recserve.processor.processor import Processor
 from recserve.processor.servable import Servable
 from recserve.server.workers.channel import Channel
@@ -167,6 +168,7 @@ class FollowerProcessor(Processor):
         self.progress = progress or LoadProgress(model_name)
         self._pool = pool
         self._manager: ServableManager[Servable] = ServableManager(model_name)
+        self._native_predict = NativePredict(self._manager)
         self._warmup = Warmup.from_config(config)
         self._first = threading.Event()
         self._closed = False
