@@ -111,7 +111,7 @@ def test_model_json_refuses_a_path_outside_the_model_dir(value):
 def test_bindings_sharing_a_table_must_name_the_same_file():
     doc = {"embeddings": [{"input": "a", "table": "t", "dim": 4, "default": {"rows": "d.npy"}},
                           {"input": "b", "table": "t", "dim": 4, "default": {"rows": "e.npy"}}]}
-    with pytest.raises(ModelLoadError, match="bindings sharing a table must agree on both"):
+    with pytest.raises(ModelLoadError, match="with different .dim., .default. or .mod_partitions.; bindings sharing a table must agree on them"):
         parse_model_spec(json.dumps(doc))
 
 

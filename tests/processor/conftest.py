@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from benchmarks.models import PlainDlrmModel, build_plain_dlrm
 from recserve import Processor
 from recserve.export import write_checkpoint, write_model_dir
 from recserve.export.demo import DemoModel, write_demo
@@ -21,6 +22,19 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoModel:
 @pytest.fixture(scope="module")
 def processor(demo: DemoModel) -> Iterator[Processor]:
     p = Processor(demo.config_path.read_text())
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> PlainDlrmModel:
+    """The DLRM-like plain ONNX model the benchmarks serve (26 tables under placement)."""
+    return build_plain_dlrm(tmp_path_factory.mktemp("plain"), rows=2000)
+
+
+@pytest.fixture(scope="module")
+def plain_processor(plain: PlainDlrmModel) -> Iterator[Processor]:
+    p = Processor(plain.config())
     yield p
     p.close()
 

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from benchmarks.models import build_plain_dlrm, build_string_keyed
+from benchmarks.models import build_string_keyed
 from recserve import Processor
 from recserve.errors import RecserveError
 from recserve.export import write_model_dir
@@ -205,18 +205,6 @@ def test_bad_requests_raise_the_python_routes_errors(demo_processor: Processor, 
             assert type(got.value) is type(want.value)
             assert got.value.message == want.value.message
             assert _served(demo_processor) == before
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory):
-    return build_plain_dlrm(tmp_path_factory.mktemp("plain"), rows=2000)
-
-
-@pytest.fixture(scope="module")
-def plain_processor(plain) -> Iterator[Processor]:
-    p = Processor(plain.config())
-    yield p
-    p.close()
 
 
 def test_the_plain_dlrm_model_is_native_and_equals_onnxruntime(plain_processor: Processor, plain) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.models import build_plain_dlrm
 from recserve import Processor
 from recserve.export.demo import DemoModel
 from recserve.model_store.checkpoint import Checkpoint
@@ -55,18 +54,6 @@ def _assert_native_equals_python(processor: Processor, data: bytes, monkeypatch:
 @pytest.fixture(scope="module")
 def demo_processor(demo: DemoModel) -> Iterator[Processor]:
     p = Processor(demo.config_path.read_text())
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory):
-    return build_plain_dlrm(tmp_path_factory.mktemp("plain"), rows=2000)
-
-
-@pytest.fixture(scope="module")
-def plain_processor(plain) -> Iterator[Processor]:
-    p = Processor(plain.config())
     yield p
     p.close()
 
