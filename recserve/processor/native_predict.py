@@ -59,11 +59,7 @@ def _fill_trace(trace: RequestTrace, info: np.ndarray) -> None:
     from recserve.processor.trace import Span
 
     servable_id, batch, t0, _, t2, _, t4, _ = info.tolist()   # RS_INFO_* (route.h)
-    version, ref = native_route._served_by.get(servable_id, ("", native_route._no_servable))
-    servable = ref()
-    trace.model_version = version
-    trace.delta_step = servable.delta_step if servable is not None else 0
-    trace.batch_size = batch
+    native_route.trace_served_by(trace, servable_id, batch)
     trace.spans.extend((Span("lookup", t0, t2), Span("run", t2, t4)))
 
 

@@ -230,14 +230,20 @@ def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
     # On every natively served request with a trace (every server request): the spans made
     # as plain tuples of the Span type (its generated __new__ is a Python call each).
     servable_id, batch, t0, t1, t2, t3, t4 = info   # _route_call.process_traced's
+    trace_served_by(trace, servable_id, batch)
+    new = tuple.__new__
+    trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", t1, t2)),
+                        new(Span, ("run", t2, t3)), new(Span, ("encode", t3, t4))))
+
+
+def trace_served_by(trace: RequestTrace, servable_id: int, batch: int) -> None:
+    """What a trace records of the version that served a request natively (by the servable
+    id route.h's RS_INFO_SERVABLE reports) and of its batch."""
     version, ref = _served_by.get(servable_id, ("", _no_servable))
     servable = ref()
     trace.model_version = version
     trace.delta_step = servable.delta_step if servable is not None else 0
     trace.batch_size = batch
-    new = tuple.__new__
-    trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", t1, t2)),
-                        new(Span, ("run", t2, t3)), new(Span, ("encode", t3, t4))))
 
 
 def _no_servable() -> None:
