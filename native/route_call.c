@@ -19,23 +19,31 @@
 typedef int (*route_process_fn)(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
                                 int64_t* out_size, int64_t* info);
 
-static route_process_fn route_process = NULL, route_process_tfs = NULL;
+typedef int (*route_process_values_fn)(rs_route_slot* slot, const uint8_t* layout, int64_t layout_size,
+                                       const int64_t* values, int64_t n_values, const uint8_t* data,
+                                       uint8_t** out, int64_t* out_size, int64_t* info);
 
-/* bind(process_address, process_tfs_address): rs_route_process and rs_route_process_tfs. */
+static route_process_fn route_process = NULL, route_process_tfs = NULL;
+static route_process_values_fn route_process_values = NULL;
+
+/* bind(process, process_tfs, process_values): the addresses of rs_route_process,
+ * rs_route_process_tfs and rs_route_process_values. */
 static PyObject* bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "bind(process, process_tfs) takes 2 arguments, not %zd", nargs);
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "bind(process, process_tfs, process_values) takes 3 arguments, not %zd", nargs);
         return NULL;
     }
     void* process = PyLong_AsVoidPtr(args[0]);
     void* process_tfs = process ? PyLong_AsVoidPtr(args[1]) : NULL;
-    if (!process || !process_tfs) {
+    void* process_values = process_tfs ? PyLong_AsVoidPtr(args[2]) : NULL;
+    if (!process || !process_tfs || !process_values) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bind: the address of rs_route_process(_tfs) must not be 0");
+            PyErr_SetString(PyExc_ValueError, "bind: the address of rs_route_process(_tfs, _values) must not be 0");
         return NULL;
     }
     route_process = (route_process_fn)process;
     route_process_tfs = (route_process_fn)process_tfs;
+    route_process_values = (route_process_values_fn)process_values;
     Py_RETURN_NONE;
 }
 
@@ -130,14 +138,67 @@ static PyObject* process_traced(PyObject* module, PyObject* const* args, Py_ssiz
                          (long long)info[RS_INFO_T0 + 3], (long long)info[RS_INFO_T0 + 4]);
 }
 
+/* process_values(slot, layout, values, data) -> (bytes | None, info): a request already
+ * decoded (rs_route_process_values: `layout` and `values`, bytes of int64 slots, as
+ * rs_decode_request leaves them; string spans are offsets into `data`), with route.h's
+ * RS_INFO_* as a tuple (servable id, batch, t0..t4, fallback reason) whether served or not:
+ * the caller reads a route miss's reason from it. */
+static PyObject* process_values(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    uint8_t* out = NULL;
+    int64_t out_size = 0, info[RS_INFO_SIZE] = {0};
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "process_values(slot, layout, values, data) takes 4 arguments, not %zd", nargs);
+        return NULL;
+    }
+    if (!route_process_values) {
+        PyErr_SetString(PyExc_RuntimeError, "process_values: bind() was not called");
+        return NULL;
+    }
+    rs_route_slot* slot = PyLong_AsVoidPtr(args[0]);
+    if (!slot) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "process_values: the slot address must not be 0");
+        return NULL;
+    }
+    for (int i = 1; i < 4; i++)
+        if (!PyBytes_CheckExact(args[i])) {
+            PyErr_Format(PyExc_TypeError, "process_values: argument %d must be bytes", i + 1);
+            return NULL;
+        }
+    const uint8_t* layout = (const uint8_t*)PyBytes_AS_STRING(args[1]);
+    int64_t layout_size = PyBytes_GET_SIZE(args[1]);
+    const int64_t* values = (const int64_t*)PyBytes_AS_STRING(args[2]);
+    int64_t n_values = PyBytes_GET_SIZE(args[2]) / (Py_ssize_t)sizeof(int64_t);
+    const uint8_t* data = (const uint8_t*)PyBytes_AS_STRING(args[3]);
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = route_process_values(slot, layout, layout_size, values, n_values, data, &out, &out_size, info);
+    Py_END_ALLOW_THREADS
+    PyObject* bytes;
+    if (status == 200) {
+        bytes = response(out, out_size);
+        if (!bytes)
+            return NULL;
+    } else {
+        bytes = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("N(LLLLLLLL)", bytes, (long long)info[RS_INFO_SERVABLE], (long long)info[RS_INFO_BATCH],
+                         (long long)info[RS_INFO_T0], (long long)info[RS_INFO_T0 + 1], (long long)info[RS_INFO_T0 + 2],
+                         (long long)info[RS_INFO_T0 + 3], (long long)info[RS_INFO_T0 + 4],
+                         (long long)info[RS_INFO_REASON]);
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(process, process_tfs): use rs_route_process and rs_route_process_tfs at these addresses."},
+     "bind(process, process_tfs, process_values): use rs_route_process(_tfs, _values) at these addresses."},
     {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
      "process(slot, data) -> bytes | None: one request on the native route, the GIL released."},
     {"process_traced", (PyCFunction)(void (*)(void))process_traced, METH_FASTCALL,
      "process_traced(slot, data, tfs) -> (bytes, (servable, batch, t0, t1, t2, t3, t4)) | None: process "
      "(rs_route_process_tfs if tfs), with its trace."},
+    {"process_values", (PyCFunction)(void (*)(void))process_values, METH_FASTCALL,
+     "process_values(slot, layout, values, data) -> (bytes | None, (servable, batch, t0, t1, t2, t3, t4, reason)): "
+     "a request already decoded, on the native route, the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,15 +18,12 @@ no kind for (uint32, float16 fed natively, ...), a string that is neither str no
 layout with no route, an output the native encoder does not write, any error -- returns None and
 `Processor.predict` takes the Python route, which owns every error message.
 
-Thread-safe: the caches are dicts whose races only cost a recomputation; per-thread out
-parameters.
+Thread-safe: the caches are dicts whose races only cost a recomputation.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,43 +46,22 @@ __all__ = ["NativePredict"]
 log = logging.getLogger("recserve.processor")
 
 _ROUTE_MISS = native_route.FALLBACK_REASONS.index("route_miss")
-_INFO_REASON = 7        # RS_INFO_REASON
+_INFO_REASON = 7        # RS_INFO_REASON: the last of process_values's info
 _CACHE_LIMIT = 1024     # request shapes (and layouts tried per version) remembered
 
 
-def _fill_trace(trace: RequestTrace, info: np.ndarray) -> None:
+def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
     """The stages `Servable.predict` traces, "lookup" and "run" (the response's encoding in C
     counted with the run); the caller traces its own decode and encode."""
     from recserve.processor.trace import Span
 
-    servable_id, batch, t0, _, t2, _, t4, _ = info.tolist()   # RS_INFO_* (route.h)
+    servable_id, batch, t0, _, t2, _, t4, _ = info   # _route_call.process_values's (RS_INFO_*)
     native_route.trace_served_by(trace, servable_id, batch)
     trace.spans.extend((Span("lookup", t0, t2), Span("run", t2, t4)))
 
 
-class _Call:
-    """One thread's out-parameters of rs_route_process_values."""
-
-    __slots__ = ("info", "info_address", "out", "out_ref", "size", "size_ref")
-
-    def __init__(self) -> None:
-        self.info = np.zeros(_INFO_REASON + 1, np.int64)
-        self.info_address = self.info.ctypes.data
-        self.out, self.size = ctypes.c_void_p(), ctypes.c_int64()
-        self.out_ref, self.size_ref = ctypes.byref(self.out), ctypes.byref(self.size)
-
-
-def _entry() -> Any:
-    lib = native_route._LIB
-    fn = getattr(lib, "rs_route_process_values", None) if lib is not None else None
-    if fn is not None:
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.restype, fn.argtypes = ctypes.c_int, [p, ctypes.c_char_p, i64, ctypes.c_char_p, i64, ctypes.c_char_p,
-                                                 p, p, p]
-    return fn
-
-
-_process_values = _entry()
+# The GIL released around the C call only (native/route_call.c), as for `process`.
+_process_values = native_route._CALL.process_values if native_route._CALL is not None else None
 _NO_PACKING: Any = object()
 
 
@@ -101,7 +77,6 @@ class NativePredict:
         self._outputs: dict[bytes, OutputPlan | None] = {}
         # Layouts whose route a version was already asked to build (never twice per version).
         self._tried: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
-        self._local = threading.local()
 
     def predict(self, inputs: Mapping[str, Any], output_filter: Sequence[str] | None, signature_name: str | None,
                 trace: RequestTrace | None) -> dict[str, np.ndarray] | None:
@@ -127,20 +102,12 @@ class NativePredict:
         if packed is None:
             return None
         values, data = packed
-        try:
-            call = self._local.call
-        except AttributeError:
-            call = self._local.call = _Call()
         layout = packing.layout
-        if _process_values(self._slot.address, layout, len(layout), values, len(values) >> 3, data,
-                           call.out_ref, call.size_ref, call.info_address) != 200:
-            if call.info[_INFO_REASON] == _ROUTE_MISS:
+        response, info = _process_values(self._slot.address, layout, values, data)
+        if response is None:
+            if info[_INFO_REASON] == _ROUTE_MISS:
                 self._build_route(layout, signature, wanted, names, arrays)
             return None
-        try:
-            response = ctypes.string_at(call.out.value, call.size.value)  # type: ignore[arg-type]
-        finally:
-            native_route._free_holding_gil(call.out.value)
         reader = self._outputs.get(layout, _NO_PACKING)
         if reader is _NO_PACKING:
             if len(self._outputs) >= _CACHE_LIMIT:
@@ -152,7 +119,7 @@ class NativePredict:
                 self._outputs.pop(layout, None)   # other shapes than before (a new version): plan again
             outputs = read_any(response)
         if trace is not None:
-            _fill_trace(trace, call.info)
+            _fill_trace(trace, info)
         return outputs
 
     def _new_packing(self, key: Any, signature: str, wanted: tuple[str, ...], names: tuple[str, ...],

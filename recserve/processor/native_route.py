@@ -120,7 +120,8 @@ def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
         log.warning("the native request route is unavailable (%s); requests take the Python route", exc)
         return None, None
     _route_call.bind(ctypes.cast(lib.rs_route_process, ctypes.c_void_p).value,
-                     ctypes.cast(lib.rs_route_process_tfs, ctypes.c_void_p).value)
+                     ctypes.cast(lib.rs_route_process_tfs, ctypes.c_void_p).value,
+                     ctypes.cast(lib.rs_route_process_values, ctypes.c_void_p).value)
     return lib, _route_call
 
 
@@ -129,10 +130,6 @@ _route = _CALL.process if _CALL is not None else None
 _libc = ctypes.CDLL(None)
 _libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 _libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
-# free() with the GIL kept (native_predict's ctypes call): releasing it around a call this
-# short only invites a handoff to another thread (and a wait to get it back) on every request.
-_free_holding_gil = ctypes.PyDLL(None).free
-_free_holding_gil.restype, _free_holding_gil.argtypes = None, [ctypes.c_void_p]
 
 
 def route_process_address() -> int:

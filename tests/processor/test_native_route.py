@@ -339,7 +339,13 @@ def test_the_route_call_module_refuses_bad_arguments(demo_processor: Processor) 
         _route_call.process(0, b"\x0a")
     with pytest.raises(TypeError):
         _route_call.process("slot", b"\x0a")
-    with pytest.raises(ValueError, match=r"the address of rs_route_process\(_tfs\) must not be 0"):
+    with pytest.raises(ValueError, match=r"the address of rs_route_process\(_tfs, _values\) must not be 0"):
+        _route_call.bind(0, 0, 0)
+    with pytest.raises(TypeError, match=r"bind\(process, process_tfs, process_values\) takes 3 arguments, not 2"):
         _route_call.bind(0, 0)
+    with pytest.raises(ValueError, match="process_values: the slot address must not be 0"):
+        _route_call.process_values(0, b"", b"", b"")
+    with pytest.raises(TypeError, match="process_values: argument 3 must be bytes"):
+        _route_call.process_values(slot, b"", bytearray(8), b"")
     assert _route_call.process(slot, b"\x0a\xff") is None   # declined by the C parser: the caller's Python route
     assert _route_call.process_traced(slot, "not bytes", False) is None
