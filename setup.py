@@ -79,7 +79,7 @@ NATIVE = [
         "recserve.processor.librecserve_route",
         sources=["native/route.c", "native/route_vocabulary.c", "native/codec.c"],
         depends=["native/route.h", "native/route_vocabulary.h", "native/dense_run.h", "native/codec.h",
-                 "native/embedding.h", "native/route_values.inc"],
+                 "native/embedding.h", "native/route_values.inc", "native/route_merge.inc"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS + ["-pthread"],
         extra_link_args=["-pthread", *LDFLAGS],

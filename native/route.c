@@ -901,21 +901,19 @@ static int64_t tfs_layout_start(const uint8_t* layout, int64_t size) {
     return p - layout;
 }
 
-/* Runs a found route over a parsed request; 0 with the response, or an RS_FALLBACK_* reason. */
-static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, uint8_t** out,
-                 int64_t* out_size, int64_t* times) {
-    int reason = 0;
-    size_t n_inputs = (size_t)(rt->n_bound + rt->n_dense + (rt->fold_name ? 1 : 0));
-    rs_tensor_in inputs_small[64];
-    rs_tensor_in* inputs = n_inputs <= 64 ? inputs_small : calloc(n_inputs, sizeof *inputs);
-    rs_tensor_out outs_small[16];
-    rs_tensor_out* outs = rt->n_outputs <= 16 ? outs_small : calloc((size_t)rt->n_outputs, sizeof *outs);
-    void** owned = calloc((size_t)rt->n_dense + 2, sizeof(void*)); /* converted inputs, arena, folded */
-    float* arena = NULL;
-    if (!inputs || !outs || !owned) {
-        reason = RS_FALLBACK_MEMORY;
-        goto done;
-    }
+/* A route's graph inputs, in the order every run of it feeds them: the dense inputs, the
+ * folded Concat input if any, the plan outputs fed as they are. */
+static size_t route_inputs(const route* rt) {
+    return (size_t)(rt->n_bound + rt->n_dense + (rt->fold_name ? 1 : 0));
+}
+
+/* A request's feeds: its string ids keyed in place, its lookups into a fresh arena, its dense
+ * inputs converted where the wire kind is not the graph's, its Concat folded. inputs[] (of
+ * route_inputs(rt)) then point into `values` and the buffers in owned[] (rt->n_dense + 2,
+ * zeroed: converted inputs, the arena, the folded input; free them with release()), and the
+ * folded input's shape into fold_shape[2]. 0, or an RS_FALLBACK_* reason. */
+static int prepare(rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, rs_tensor_in* inputs,
+                   void** owned, int64_t* fold_shape) {
     for (int64_t i = 0; i < rt->n_strings; i++) {
         const string_input* in = &rt->strings[i];
         int64_t* spans = values + in->first;
@@ -931,26 +929,20 @@ static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, i
         else
             s->xxh64_spans(data, spans, n_spans, spans);
     }
-    arena = malloc((size_t)(rt->arena_floats ? rt->arena_floats : 1) * sizeof(float));
+    float* arena = malloc((size_t)(rt->arena_floats ? rt->arena_floats : 1) * sizeof(float));
     owned[rt->n_dense] = arena;
-    if (!arena) {
-        reason = RS_FALLBACK_MEMORY;
-        goto done;
-    }
-    if (rt->n_tasks && s->lookup_at(rt->tasks, rt->n_tasks, values, arena) != RS_OK) {
-        reason = RS_FALLBACK_LOOKUP;
-        goto done;
-    }
+    if (!arena)
+        return RS_FALLBACK_MEMORY;
+    if (rt->n_tasks && s->lookup_at(rt->tasks, rt->n_tasks, values, arena) != RS_OK)
+        return RS_FALLBACK_LOOKUP;
     size_t n = 0;
     for (int64_t i = 0; i < rt->n_dense; i++) {
         const dense_input* d = &rt->dense[i];
         const void* at = in_place(d, values);
         if (!at) {
             void* converted = malloc((size_t)(d->count ? d->count : 1) * elem_size(d->elem_type));
-            if (!converted) {
-                reason = RS_FALLBACK_MEMORY;
-                goto done;
-            }
+            if (!converted)
+                return RS_FALLBACK_MEMORY;
             convert(d->src, values + d->slot, d->count, d->elem_type, converted);
             owned[i] = converted;
             at = converted;
@@ -961,37 +953,71 @@ static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, i
         int64_t cells = rt->batch * rt->fold_width;
         float* folded = malloc((size_t)(cells > 0 ? cells : 1) * sizeof(float));
         owned[rt->n_dense + 1] = folded;
-        if (!folded) {
-            reason = RS_FALLBACK_MEMORY;
-            goto done;
-        }
+        if (!folded)
+            return RS_FALLBACK_MEMORY;
         fill_folded(rt, values, arena, folded);
-        inputs[n++] = (rs_tensor_in){rt->fold_name, RS_ELEM_FLOAT, NULL, 2, folded};
+        fold_shape[0] = rt->batch;
+        fold_shape[1] = rt->fold_width;
+        inputs[n++] = (rs_tensor_in){rt->fold_name, RS_ELEM_FLOAT, fold_shape, 2, folded};
     }
     for (int64_t i = 0; i < rt->n_bound; i++) { /* plan outputs fed as they are (none the Concat takes) */
         const bound_input* b = &rt->bound[i];
         inputs[n++] = (rs_tensor_in){b->name, RS_ELEM_FLOAT, b->shape, b->rank, arena + b->offset};
     }
-    int64_t fold_shape[2] = {rt->batch, rt->fold_width}; /* lives until the run returns */
-    if (rt->fold_name)
-        inputs[rt->n_dense].shape = fold_shape;
-    times[1] = now_ns(CLOCK_MONOTONIC);
-    char* err = NULL;
-    memset(outs, 0, (size_t)rt->n_outputs * sizeof *outs);
-    int status = s->run(s->runner, inputs, n, rt->output_names, (size_t)rt->n_outputs, outs, &err);
-    free(err); /* Python reruns the request and reports its own message */
-    times[2] = now_ns(CLOCK_MONOTONIC);
-    if (status != 0) {
-        reason = RS_FALLBACK_RUN;
-        goto done;
-    }
-    reason = encode(w, rt, outs, out, out_size);
-    for (int64_t i = 0; i < rt->n_outputs; i++)
-        free(outs[i].data);
-done:
+    return 0;
+}
+
+/* Frees what prepare() allocated for a request of rt. */
+static void release(const route* rt, void** owned) {
     if (owned)
         for (int64_t i = 0; i < rt->n_dense + 2; i++)
             free(owned[i]);
+}
+
+/* One dense run of rt's outputs over `inputs`: 0 with outs[] (rt->n_outputs) filled (free
+ * them with free_outputs()), or RS_FALLBACK_RUN with none allocated (Python reruns the
+ * request and reports its own message). */
+static int run_dense(rs_servable* s, const route* rt, const rs_tensor_in* inputs, size_t n_inputs,
+                     rs_tensor_out* outs) {
+    char* err = NULL;
+    memset(outs, 0, (size_t)rt->n_outputs * sizeof *outs);
+    int status = s->run(s->runner, inputs, n_inputs, rt->output_names, (size_t)rt->n_outputs, outs, &err);
+    free(err);
+    return status ? RS_FALLBACK_RUN : 0;
+}
+
+static void free_outputs(const route* rt, rs_tensor_out* outs) {
+    for (int64_t i = 0; i < rt->n_outputs; i++) {
+        free(outs[i].data);
+        outs[i].data = NULL;
+    }
+}
+
+/* Runs a found route over a parsed request; 0 with the response, or an RS_FALLBACK_* reason.
+ * times[1], times[2]: CLOCK_MONOTONIC ns before and after the run. */
+static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, uint8_t** out,
+                 int64_t* out_size, int64_t* times) {
+    int reason = 0;
+    size_t n_inputs = route_inputs(rt);
+    rs_tensor_in inputs_small[64];
+    rs_tensor_in* inputs = n_inputs <= 64 ? inputs_small : calloc(n_inputs, sizeof *inputs);
+    rs_tensor_out outs_small[16];
+    rs_tensor_out* outs = rt->n_outputs <= 16 ? outs_small : calloc((size_t)rt->n_outputs, sizeof *outs);
+    void** owned = calloc((size_t)rt->n_dense + 2, sizeof(void*));
+    int64_t fold_shape[2]; /* lives until the run returns */
+    if (!inputs || !outs || !owned)
+        reason = RS_FALLBACK_MEMORY;
+    if (!reason)
+        reason = prepare(s, rt, data, values, inputs, owned, fold_shape);
+    times[1] = now_ns(CLOCK_MONOTONIC);
+    if (!reason)
+        reason = run_dense(s, rt, inputs, n_inputs, outs);
+    times[2] = now_ns(CLOCK_MONOTONIC);
+    if (!reason) {
+        reason = encode(w, rt, outs, out, out_size);
+        free_outputs(rt, outs);
+    }
+    release(rt, owned);
     free(owned);
     if (inputs != inputs_small)
         free(inputs);
@@ -1000,66 +1026,72 @@ done:
     return reason;
 }
 
-static int process(wire w, rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
-                   int64_t* out_size, int64_t* info) {
-    int64_t started = now_ns(CLOCK_MONOTONIC);
-    int64_t times[3] = {0};
-    int reason = 0;
-    int64_t *values = NULL, *scratch = NULL;
-    *out = NULL;
-    *out_size = 0;
-    if (size <= 0 || !data) {
-        reason = RS_FALLBACK_EMPTY;
-        goto counted;
-    }
-    rs_servable* s = lease(slot);
-    if (!s) {
-        reason = atomic_load(&slot->reason_if_null);
-        goto counted;
-    }
+/* Parses `data` and finds its route in s: 0 with *rt and the parser's buffers (the caller
+ * frees *values and *scratch whatever this returns), or an RS_FALLBACK_* reason. */
+static int find(wire w, rs_servable* s, const uint8_t* data, int64_t size, int64_t** values, int64_t** scratch,
+                const route** rt) {
     int64_t layout_size = 0, values_cap = 0, start = 0;
-    const route* rt = NULL;
-    reason = parse(w, data, size, &values, &values_cap, &scratch, &layout_size);
-    if (!reason && w == WIRE_TFS && (start = tfs_layout_start((const uint8_t*)scratch, layout_size)) < 0)
+    *rt = NULL;
+    int reason = parse(w, data, size, values, &values_cap, scratch, &layout_size);
+    if (!reason && w == WIRE_TFS && (start = tfs_layout_start((const uint8_t*)*scratch, layout_size)) < 0)
         reason = RS_FALLBACK_PARSE;
-    if (!reason) {
-        rt = find_route(s, (const uint8_t*)scratch + start, layout_size - start);
-        if (rt && rt->refused)
-            reason = RS_FALLBACK_NOT_NATIVE;
-        else if (!rt || rt->values_end > values_cap)
-            reason = RS_FALLBACK_ROUTE_MISS;
+    if (reason)
+        return reason;
+    *rt = find_route(s, (const uint8_t*)*scratch + start, layout_size - start);
+    if (*rt && (*rt)->refused)
+        return RS_FALLBACK_NOT_NATIVE;
+    if (!*rt || (*rt)->values_end > values_cap)
+        return RS_FALLBACK_ROUTE_MISS;
+    return 0;
+}
+
+/* A served request's info[] (route.h's RS_INFO_*) and counters; times: start, after decode,
+ * before and after the run, after encode. Returns 200. */
+static int served(rs_route_slot* slot, int64_t id, int64_t batch, const int64_t* times, int64_t* info) {
+    if (info) {
+        info[RS_INFO_SERVABLE] = id;
+        info[RS_INFO_BATCH] = batch;
+        for (int i = 0; i < 5; i++)
+            info[RS_INFO_T0 + i] = times[i];
+        info[RS_INFO_REASON] = 0;
     }
-    times[0] = now_ns(CLOCK_MONOTONIC);
-    if (!reason)
-        reason = serve(w, s, rt, data, values, out, out_size, times);
-    int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
-    unlease(s);
-    free(values);
-    free(scratch);
-    values = scratch = NULL;
-    if (!reason) {
-        int64_t ended = now_ns(CLOCK_MONOTONIC);
-        if (info) {
-            info[RS_INFO_SERVABLE] = id;
-            info[RS_INFO_BATCH] = batch;
-            info[RS_INFO_T0] = started;
-            info[RS_INFO_T0 + 1] = times[0];
-            info[RS_INFO_T0 + 2] = times[1];
-            info[RS_INFO_T0 + 3] = times[2];
-            info[RS_INFO_T0 + 4] = ended;
-            info[RS_INFO_REASON] = 0;
-        }
-        count(slot, RS_COUNT_SERVED, 1);
-        count(slot, RS_COUNT_WALL_NS, ended - started);
-        return 200;
-    }
-counted:
-    free(values);
-    free(scratch);
+    count(slot, RS_COUNT_SERVED, 1);
+    count(slot, RS_COUNT_WALL_NS, times[4] - times[0]);
+    return 200;
+}
+
+/* A request not served here: counted, its reason in info[]. Returns 0. */
+static int declined(rs_route_slot* slot, int reason, int64_t* info) {
     count(slot, reason, 1);
     if (info)
         info[RS_INFO_REASON] = reason;
     return 0;
+}
+
+static int process(wire w, rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out,
+                   int64_t* out_size, int64_t* info) {
+    int64_t times[5] = {now_ns(CLOCK_MONOTONIC)};
+    *out = NULL;
+    *out_size = 0;
+    if (size <= 0 || !data)
+        return declined(slot, RS_FALLBACK_EMPTY, info);
+    rs_servable* s = lease(slot);
+    if (!s)
+        return declined(slot, atomic_load(&slot->reason_if_null), info);
+    int64_t *values = NULL, *scratch = NULL;
+    const route* rt = NULL;
+    int reason = find(w, s, data, size, &values, &scratch, &rt);
+    times[1] = now_ns(CLOCK_MONOTONIC);
+    if (!reason)
+        reason = serve(w, s, rt, data, values, out, out_size, times + 1);
+    int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
+    unlease(s);
+    free(values);
+    free(scratch);
+    if (reason)
+        return declined(slot, reason, info);
+    times[4] = now_ns(CLOCK_MONOTONIC);
+    return served(slot, id, batch, times, info);
 }
 
 int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out, int64_t* out_size,
@@ -1073,3 +1105,4 @@ int rs_route_process_tfs(rs_route_slot* slot, const uint8_t* data, int64_t size,
 }
 
 #include "route_values.inc"
+#include "route_merge.inc"

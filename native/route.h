@@ -58,7 +58,11 @@ enum {
     RS_INFO_BATCH,        /* the route's batch size */
     RS_INFO_T0,           /* CLOCK_MONOTONIC ns: start, after decode, after lookup, after run, after encode */
     RS_INFO_REASON = RS_INFO_T0 + 5, /* RS_FALLBACK_* when it returns 0 */
-    RS_INFO_SIZE
+    RS_INFO_MERGED,       /* rs_route_process_many only: requests in its dense run (1: it ran alone) */
+    RS_INFO_STARTS,       /* rs_route_process_many only: when its lookup, run and encode began (3
+                             times; a merged request's spans are not back to back: its run waits
+                             for its neighbours' lookups, its encode for theirs) */
+    RS_INFO_SIZE = RS_INFO_STARTS + 3
 };
 
 typedef struct rs_route_slot rs_route_slot;
@@ -134,5 +138,21 @@ RS_ROUTE_API int rs_route_process_tfs(rs_route_slot* slot, const uint8_t* data, 
 RS_ROUTE_API int rs_route_process_values(rs_route_slot* slot, const uint8_t* layout, int64_t layout_size,
                                          const int64_t* values, int64_t n_values, const uint8_t* data,
                                          uint8_t** out, int64_t* out_size, int64_t* info);
+
+/* Request merging (route_merge.inc): n EAS PredictRequests (datas[i], sizes[i]) answered on
+ * one lease, those whose routes agree in everything but the batch dimension (the same graph
+ * outputs; the same graph inputs in order, with their element types and shapes but dim 0, and
+ * dim 0 the route's batch in every one) concatenated along axis 0 into dense runs of at most
+ * max_rows rows, in arrival order; a request of max_rows rows or more runs alone. When a
+ * merged run fails, or an output's dim 0 is not the run's rows (a graph that is not
+ * row-independent), each request of it runs alone: every answer is byte for byte
+ * rs_route_process's for that request alone. Per request: statuses[i] 200 with outs[i]
+ * (malloc'd, '\0'-terminated past out_sizes[i]) the response, or 0, not served (nothing
+ * allocated; infos[i * RS_INFO_SIZE + RS_INFO_REASON] says why); infos (n x RS_INFO_SIZE,
+ * may be NULL) as rs_route_process's, with RS_INFO_MERGED and RS_INFO_STARTS. Returns the
+ * number served. */
+RS_ROUTE_API int64_t rs_route_process_many(rs_route_slot* slot, const uint8_t* const* datas, const int64_t* sizes,
+                                           int64_t n, int64_t max_rows, uint8_t** outs, int64_t* out_sizes,
+                                           int32_t* statuses, int64_t* infos);
 
 #endif

@@ -23,27 +23,36 @@ typedef int (*route_process_values_fn)(rs_route_slot* slot, const uint8_t* layou
                                        const int64_t* values, int64_t n_values, const uint8_t* data,
                                        uint8_t** out, int64_t* out_size, int64_t* info);
 
+typedef int64_t (*route_process_many_fn)(rs_route_slot* slot, const uint8_t* const* datas, const int64_t* sizes,
+                                         int64_t n, int64_t max_rows, uint8_t** outs, int64_t* out_sizes,
+                                         int32_t* statuses, int64_t* infos);
+
 static route_process_fn route_process = NULL, route_process_tfs = NULL;
 static route_process_values_fn route_process_values = NULL;
+static route_process_many_fn route_process_many = NULL;
 
-/* bind(process, process_tfs, process_values): the addresses of rs_route_process,
- * rs_route_process_tfs and rs_route_process_values. */
+/* bind(process, process_tfs, process_values, process_many): the addresses of
+ * rs_route_process, rs_route_process_tfs, rs_route_process_values and rs_route_process_many. */
 static PyObject* bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "bind(process, process_tfs, process_values) takes 3 arguments, not %zd", nargs);
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "bind(process, process_tfs, process_values, process_many) takes 4 arguments, not %zd",
+                     nargs);
         return NULL;
     }
-    void* process = PyLong_AsVoidPtr(args[0]);
-    void* process_tfs = process ? PyLong_AsVoidPtr(args[1]) : NULL;
-    void* process_values = process_tfs ? PyLong_AsVoidPtr(args[2]) : NULL;
-    if (!process || !process_tfs || !process_values) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bind: the address of rs_route_process(_tfs, _values) must not be 0");
-        return NULL;
+    void* addresses[4];
+    for (int i = 0; i < 4; i++) {
+        addresses[i] = PyLong_AsVoidPtr(args[i]);
+        if (!addresses[i]) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError,
+                                "bind: the address of rs_route_process(_tfs, _values, _many) must not be 0");
+            return NULL;
+        }
     }
-    route_process = (route_process_fn)process;
-    route_process_tfs = (route_process_fn)process_tfs;
-    route_process_values = (route_process_values_fn)process_values;
+    route_process = (route_process_fn)addresses[0];
+    route_process_tfs = (route_process_fn)addresses[1];
+    route_process_values = (route_process_values_fn)addresses[2];
+    route_process_many = (route_process_many_fn)addresses[3];
     Py_RETURN_NONE;
 }
 
@@ -188,9 +197,143 @@ static PyObject* process_values(PyObject* module, PyObject* const* args, Py_ssiz
                          (long long)info[RS_INFO_REASON]);
 }
 
+/* One request's buffers for process_many: its bytes read in place, or `view` holding a
+ * buffer export (release it); size -1 for an object that is not one contiguous buffer. */
+static int payload(PyObject* obj, Py_buffer* view, const uint8_t** data, int64_t* size) {
+    if (PyBytes_CheckExact(obj)) {
+        *data = (const uint8_t*)PyBytes_AS_STRING(obj);
+        *size = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear(); /* the Python route's */
+        view->obj = NULL;
+        *data = NULL;
+        *size = -1;
+        return 0;
+    }
+    *data = view->buf;
+    *size = view->len;
+    return 0;
+}
+
+/* process_many(slot, payloads, max_rows) -> list: rs_route_process_many over a list of EAS
+ * PredictRequests (bytes or contiguous buffers, read in place with the GIL released), per
+ * request None when the route did not serve it (counted natively; an object that is not a
+ * buffer is neither served nor counted), else (response bytes, (servable id, batch, merged,
+ * t0, t1, lookup start, t2, run start, t3, encode start, t4)): `merged` the requests in its
+ * dense run, the times CLOCK_MONOTONIC ns (route.h's RS_INFO_*). */
+static PyObject* process_many(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "process_many(slot, payloads, max_rows) takes 3 arguments, not %zd", nargs);
+        return NULL;
+    }
+    if (!route_process_many) {
+        PyErr_SetString(PyExc_RuntimeError, "process_many: bind() was not called");
+        return NULL;
+    }
+    rs_route_slot* slot = PyLong_AsVoidPtr(args[0]);
+    if (!slot) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "process_many: the slot address must not be 0");
+        return NULL;
+    }
+    if (!PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "process_many: payloads must be a list");
+        return NULL;
+    }
+    long long max_rows = PyLong_AsLongLong(args[2]);
+    if (max_rows == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(args[1]);
+    PyObject* payloads = Py_NewRef(args[1]); /* its items stay alive while their bytes are read */
+    PyObject* result = NULL;
+    Py_buffer* views = PyMem_Calloc((size_t)n + 1, sizeof *views);
+    const uint8_t** datas = PyMem_Calloc((size_t)n + 1, sizeof *datas);
+    int64_t* sizes = PyMem_Calloc((size_t)n + 1, sizeof *sizes);
+    uint8_t** outs = PyMem_Calloc((size_t)n + 1, sizeof *outs);
+    int64_t* out_sizes = PyMem_Calloc((size_t)n + 1, sizeof *out_sizes);
+    int32_t* statuses = PyMem_Calloc((size_t)n + 1, sizeof *statuses);
+    int64_t* infos = PyMem_Calloc(((size_t)n + 1) * RS_INFO_SIZE, sizeof *infos);
+    Py_ssize_t exported = 0; /* views[0..exported) may hold exports */
+    if (!views || !datas || !sizes || !outs || !out_sizes || !statuses || !infos) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; exported < n; exported++)
+        if (payload(PyList_GET_ITEM(payloads, exported), &views[exported], &datas[exported], &sizes[exported]) < 0)
+            goto done;
+    /* Requests that are not buffers stay out of the call (uncounted, as process's). */
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (sizes[i] >= 0)
+            m++;
+    const uint8_t** call_datas = datas;
+    int64_t* call_sizes = sizes;
+    if (m != n) { /* pack them to the front; the rest is unpacked below */
+        Py_ssize_t at = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (sizes[i] >= 0) {
+                datas[at] = datas[i];
+                sizes[at++] = sizes[i];
+            }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    route_process_many(slot, call_datas, call_sizes, m, max_rows, outs, out_sizes, statuses, infos);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0, k = 0; i < n; i++) {
+        int buffer = views[i].obj != NULL || PyBytes_CheckExact(PyList_GET_ITEM(payloads, i));
+        PyObject* item;
+        if (!buffer || statuses[k] != 200) {
+            item = Py_NewRef(Py_None);
+        } else {
+            const int64_t* info = infos + k * RS_INFO_SIZE;
+            PyObject* bytes = result ? PyBytes_FromStringAndSize((const char*)outs[k], out_sizes[k]) : NULL;
+            item = bytes ? Py_BuildValue(
+                               "N(LLLLLLLLLLL)", bytes, (long long)info[RS_INFO_SERVABLE],
+                               (long long)info[RS_INFO_BATCH], (long long)info[RS_INFO_MERGED],
+                               (long long)info[RS_INFO_T0], (long long)info[RS_INFO_T0 + 1],
+                               (long long)info[RS_INFO_STARTS], (long long)info[RS_INFO_T0 + 2],
+                               (long long)info[RS_INFO_STARTS + 1], (long long)info[RS_INFO_T0 + 3],
+                               (long long)info[RS_INFO_STARTS + 2], (long long)info[RS_INFO_T0 + 4])
+                         : NULL;
+        }
+        if (buffer) {
+            free(outs[k]); /* every response is freed, whether or not its bytes were made */
+            k++;
+        }
+        if (result && item)
+            PyList_SET_ITEM(result, i, item);
+        else if (result) {
+            Py_CLEAR(result);
+        } else
+            Py_XDECREF(item);
+    }
+done:
+    for (Py_ssize_t i = 0; views && i < exported; i++)
+        if (views[i].obj)
+            PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(datas);
+    PyMem_Free(sizes);
+    PyMem_Free(outs);
+    PyMem_Free(out_sizes);
+    PyMem_Free(statuses);
+    PyMem_Free(infos);
+    Py_DECREF(payloads);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(process, process_tfs, process_values): use rs_route_process(_tfs, _values) at these addresses."},
+     "bind(process, process_tfs, process_values, process_many): use rs_route_process(_tfs, _values, _many) at "
+     "these addresses."},
+    {"process_many", (PyCFunction)(void (*)(void))process_many, METH_FASTCALL,
+     "process_many(slot, payloads, max_rows) -> [None | (bytes, (servable, batch, merged, t0, t1, lookup start, t2, "
+     "run start, t3, encode start, t4))]: request merging on the native route, the GIL released."},
     {"process", (PyCFunction)(void (*)(void))process, METH_FASTCALL,
      "process(slot, data) -> bytes | None: one request on the native route, the GIL released."},
     {"process_traced", (PyCFunction)(void (*)(void))process_traced, METH_FASTCALL,

@@ -121,7 +121,8 @@ def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
         return None, None
     _route_call.bind(ctypes.cast(lib.rs_route_process, ctypes.c_void_p).value,
                      ctypes.cast(lib.rs_route_process_tfs, ctypes.c_void_p).value,
-                     ctypes.cast(lib.rs_route_process_values, ctypes.c_void_p).value)
+                     ctypes.cast(lib.rs_route_process_values, ctypes.c_void_p).value,
+                     ctypes.cast(lib.rs_route_process_many, ctypes.c_void_p).value)
     return lib, _route_call
 
 
@@ -202,6 +203,37 @@ class RouteSlot:
             _fill_trace(trace, info)
         return response
 
+    def process_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
+                     max_rows: int) -> list[bytes | None]:
+        """Request merging on the native route (rs_route_process_many): each payload's
+        response, byte for byte what `process` answers it alone, the requests whose layouts
+        agree merged into dense runs of up to `max_rows` rows; None for each one the route
+        did not serve (counted natively): take the Python path
+        (recserve.processor.merged_runs). Their traces are filled as `process` fills them,
+        with `merged_with`."""
+        if not self._serving:
+            self._unpublished += len(payloads)
+            return [None] * len(payloads)
+        assert _CALL is not None
+        asked = [i for i, trace in enumerate(traces) if not trace.want_ort_profile]
+        if len(asked) < len(payloads):   # an ONNX Runtime profile: the Python path's, alone
+            for _ in range(len(payloads) - len(asked)):
+                self.count(_TRACE)
+        if not asked:
+            return [None] * len(payloads)
+        if len(asked) == len(payloads):
+            served = _CALL.process_many(self._serving, payloads if type(payloads) is list else list(payloads), max_rows)
+        else:
+            served = [None] * len(payloads)
+            for i, answer in zip(asked, _CALL.process_many(self._serving, [payloads[i] for i in asked], max_rows)):
+                served[i] = answer
+        responses: list[bytes | None] = [None] * len(payloads)
+        for i, answer in enumerate(served):
+            if answer is not None:
+                responses[i], info = answer
+                _fill_merged_trace(traces[i], info)
+        return responses
+
     def counters(self) -> dict[str, Any]:
         """{"served": n, "wall_seconds": s, "fallbacks": {reason: n}}."""
         raw = np.zeros(_COUNTERS, np.int64)
@@ -231,6 +263,19 @@ def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
     new = tuple.__new__
     trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", t1, t2)),
                         new(Span, ("run", t2, t3)), new(Span, ("encode", t3, t4))))
+
+
+def _fill_merged_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
+    """`_fill_trace` for a request rs_route_process_many served: its spans need not be back to
+    back (a merged request's run waits for its neighbours' lookups)."""
+    from recserve.processor.trace import Span
+
+    servable_id, batch, merged, t0, t1, lookup, t2, run, t3, encode, t4 = info   # _route_call.process_many's
+    trace_served_by(trace, servable_id, batch)
+    trace.merged_with = merged
+    new = tuple.__new__
+    trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", lookup, t2)),
+                        new(Span, ("run", run, t3)), new(Span, ("encode", encode, t4))))
 
 
 def trace_served_by(trace: RequestTrace, servable_id: int, batch: int) -> None:

@@ -252,6 +252,18 @@ class Processor:
         for i, data in enumerate(payloads):
             if not data:
                 answers[i] = self.process(data, trace=traces[i])
+        if merge:
+            # The native route first (rs_route_process_many): the same answers merged in C,
+            # the GIL released; the requests it does not serve take the Python path below.
+            native = self._manager.route_slot.process_many(
+                [payloads[i] for i in merge], [traces[i] for i in merge], max_rows)
+            left = []
+            for i, response in zip(merge, native):
+                if response is None:
+                    left.append(i)
+                else:
+                    answers[i] = (200, response)
+            merge = left
         if not merge:
             return answers
         try:

@@ -339,10 +339,20 @@ def test_the_route_call_module_refuses_bad_arguments(demo_processor: Processor) 
         _route_call.process(0, b"\x0a")
     with pytest.raises(TypeError):
         _route_call.process("slot", b"\x0a")
-    with pytest.raises(ValueError, match=r"the address of rs_route_process\(_tfs, _values\) must not be 0"):
-        _route_call.bind(0, 0, 0)
-    with pytest.raises(TypeError, match=r"bind\(process, process_tfs, process_values\) takes 3 arguments, not 2"):
+    with pytest.raises(ValueError, match=r"the address of rs_route_process\(_tfs, _values, _many\) must not be 0"):
+        _route_call.bind(0, 0, 0, 0)
+    with pytest.raises(TypeError, match=r"bind\(process, process_tfs, process_values, process_many\) takes 4 "
+                                        r"arguments, not 2"):
         _route_call.bind(0, 0)
+    with pytest.raises(TypeError, match=r"process_many\(slot, payloads, max_rows\) takes 3 arguments, not 2"):
+        _route_call.process_many(slot, [])
+    with pytest.raises(ValueError, match="process_many: the slot address must not be 0"):
+        _route_call.process_many(0, [b"\x0a"], 8)
+    with pytest.raises(TypeError, match="process_many: payloads must be a list"):
+        _route_call.process_many(slot, (b"\x0a",), 8)
+    # Not a buffer, declined by the parser, empty: none served (the caller's Python path).
+    assert _route_call.process_many(slot, ["not bytes", b"\x0a\xff", b"", memoryview(b"\x0a\xff")], 8) == [None] * 4
+    assert _route_call.process_many(slot, [], 8) == []
     with pytest.raises(ValueError, match="process_values: the slot address must not be 0"):
         _route_call.process_values(0, b"", b"", b"")
     with pytest.raises(TypeError, match="process_values: argument 3 must be bytes"):
