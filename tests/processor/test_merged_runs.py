@@ -1,6 +1,7 @@
-"""Request merging in the processor (Processor.process_many, recserve.processor.merged_runs):
-each caller's answer is byte for byte what it gets unmerged, one malformed request fails
-only itself, and runs are cut at max_rows."""
+"""Request merging in the processor (Processor.process_many): on the native route
+(rs_route_process_many, native/route_merge.inc) and on the Python path it falls back to
+(recserve.processor.merged_runs), each caller's answer is byte for byte what it gets
+unmerged, one malformed request fails only itself, and runs are cut at max_rows."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ import pytest
 
 from recserve import Processor
 from recserve.export.demo import DemoModel, write_demo
+from recserve.export.reference import Reference
+from recserve.processor import native_route
 from recserve.processor.trace import RequestTrace
+from recserve.wire import codec
 from recserve.wire.codec import decode_response, encode_request
+from tests.reference_answers import ATOL
+
+native_only = pytest.mark.skipif(codec._native is None or native_route._CALL is None,
+                                 reason="the native route needs the native parser and its library")
 
 BATCHES = (1, 3, 1, 7, 2, 1, 16, 1)
 
@@ -96,5 +104,175 @@ def test_a_plain_onnx_model_merged_equals_onnxruntime(tmp_path: Path) -> None:
             (want,) = session.run(["y"], {"x": r})
             assert decode_response(body)["y"].tobytes() == want.tobytes()
         assert [t.merged_with for t in traces] == [4, 4, 1, 4, 4]
+    finally:
+        p.close()
+
+
+# -- the native route's merging (rs_route_process_many) -----------------------------------
+
+
+def _native(processor: Processor) -> dict[str, int]:
+    """The native route's counters: served, and each fallback reason."""
+    info = processor.model_info()["native_route"]
+    return {"served": info["served"], **info["fallbacks"]}
+
+
+def _python_merging(processor: Processor, bodies: list[bytes], max_rows: int,
+                    monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, bytes]], list[RequestTrace]]:
+    """The spec: `process_many` with the native route's merging declining everything, so
+    every request takes the Python merged path (recserve.processor.merged_runs)."""
+    traces = [RequestTrace() for _ in bodies]
+    with monkeypatch.context() as m:
+        m.setattr(native_route.RouteSlot, "process_many", lambda self, payloads, t, rows: [None] * len(payloads))
+        return processor.process_many(bodies, traces, max_rows), traces
+
+
+def _plain_model(tmp_path: Path, nodes: list, inputs: list, outputs: list, initializers: list) -> Path:
+    from onnx import helper, save
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    model_dir = tmp_path / "plain"
+    model_dir.mkdir()
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model_dir / "model.onnx"))
+    return model_dir
+
+
+@native_only
+def test_native_merging_answers_each_caller_as_alone_and_as_python_merging(
+        demo: DemoModel, processor: Processor, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    inputs = [demo.sample_inputs(b, rng) for b in (1, 3, 64, 1, 2)]
+    known = [encode_request(i) for i in inputs]
+    for body in known:
+        processor.process(body)   # their layouts' routes registered
+    first_seen = demo.sample_inputs(13, rng)   # no request of this module has 13 rows before this one
+    bodies = [known[0], known[1], b"\x0a\x07garbage\xff", known[2], b"", encode_request(first_seen), *known[3:]]
+    before = _native(processor)
+    traces = [RequestTrace() for _ in bodies]
+    merged = processor.process_many(bodies, traces, 256)
+    after = _native(processor)
+    assert after["served"] - before["served"] == 5   # the five known layouts, merged in C
+    assert after["route_miss"] - before["route_miss"] == 1 and after["parse"] - before["parse"] == 1
+    assert [t.merged_with for t in traces] == [5, 5, 1, 5, 1, 1, 5, 5]
+    assert [traces[i].batch_size for i in (0, 1, 3, 6, 7)] == [1, 3, 64, 1, 2]
+    assert all([s.stage for s in traces[i].spans] == ["decode", "lookup", "run", "encode"] for i in (0, 1, 3, 6, 7))
+    assert all(traces[i].model_version == traces[0].model_version != "" for i in (1, 3, 6, 7))
+    # Byte for byte each request's answer alone, and the Python merged path's.
+    assert merged == [processor.process(b) for b in bodies]
+    python, python_traces = _python_merging(processor, bodies, 256, monkeypatch)
+    assert merged == python
+    assert [t.merged_with for t in python_traces] == [6, 6, 1, 6, 1, 6, 6, 6]   # the 13 rows have a route now
+    assert merged[2][0] == 400 and merged[4][0] == 200 and merged[5][0] == 200
+    # And ONNX Runtime's answer (the numpy + onnxruntime reference, rows as initializers).
+    reference = Reference(demo.model_dir, demo.version_dir)
+    for i, request in zip((0, 1, 3, 5, 6, 7), (*inputs[:3], first_seen, *inputs[3:])):
+        got, want = decode_response(merged[i][1]), reference.predict(request)
+        assert set(got) == set(want)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], atol=ATOL, rtol=0, err_msg=f"request {i}, {name}")
+
+
+@native_only
+def test_native_merging_cuts_runs_at_max_rows(demo: DemoModel, processor: Processor,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (3, 3, 3, 9, 2, 1)]
+    alone = [processor.process(b) for b in bodies]
+    before = _native(processor)["served"]
+    traces = [RequestTrace() for _ in bodies]
+    assert processor.process_many(bodies, traces, 8) == alone
+    assert _native(processor)["served"] - before == len(bodies)
+    # 3+3 fit in 8; the third 3 starts a run with the 2 and the 1; 9 >= 8 runs alone.
+    assert [t.merged_with for t in traces] == [2, 2, 3, 1, 3, 3]
+    python, python_traces = _python_merging(processor, bodies, 8, monkeypatch)
+    assert python == alone
+    assert [t.merged_with for t in python_traces] == [t.merged_with for t in traces]
+
+
+@native_only
+def test_native_merging_of_the_folded_concat_model(plain, plain_processor: Processor,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain DLRM model: 26 lookups and a Concat the route folds, per request, before the merge."""
+    rng = np.random.default_rng(8)
+    bodies = [encode_request(plain.sample(b, rng)) for b in (1, 2, 64, 1, 5)]
+    alone = [plain_processor.process(b) for b in bodies]
+    before = _native(plain_processor)["served"]
+    traces = [RequestTrace() for _ in bodies]
+    assert plain_processor.process_many(bodies, traces, 128) == alone
+    assert _native(plain_processor)["served"] - before == len(bodies)
+    assert [t.merged_with for t in traces] == [5] * 5
+    assert _python_merging(plain_processor, bodies, 128, monkeypatch)[0] == alone
+
+
+@native_only
+def test_a_graph_that_is_not_row_independent_runs_each_request_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output summed over the batch (dim 0 is 1, not the run's rows): a merged run would
+    mix the callers' rows, so each runs alone, and each answer is ONNX Runtime's for its rows."""
+    from onnx import TensorProto, helper
+
+    w = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    model_dir = _plain_model(
+        tmp_path,
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["x", "axes"], ["total"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4]),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, [1, 6])],
+        [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
+         helper.make_tensor("axes", TensorProto.INT64, [1], [0])])
+    p = Processor({"savedmodel_dir": str(model_dir)})
+    try:
+        rng = np.random.default_rng(1)
+        rows = [rng.standard_normal((n, 6)).astype(np.float32) for n in (1, 2, 3, 1)]
+        bodies = [encode_request({"x": r}) for r in rows]
+        alone = [p.process(b) for b in bodies]
+        before = _native(p)["served"]
+        traces = [RequestTrace() for _ in bodies]
+        merged = p.process_many(bodies, traces, 64)
+        assert _native(p)["served"] - before == len(bodies)   # natively, each alone
+        assert [t.merged_with for t in traces] == [1, 1, 1, 1]
+        assert merged == alone
+        assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
+        session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+        for (status, body), r in zip(merged, rows):
+            assert status == 200
+            got = decode_response(body)
+            for name, want in zip(("y", "total"), session.run(["y", "total"], {"x": r})):
+                assert got[name].tobytes() == want.tobytes() and got[name].shape == want.shape
+    finally:
+        p.close()
+
+
+@native_only
+def test_a_request_whose_values_break_the_merged_run_fails_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index past the table's end: the merged run fails, each request runs alone, and only
+    the one with the bad index fails (its error the Python route's, as unmerged)."""
+    from onnx import TensorProto, helper
+
+    table = np.random.default_rng(2).standard_normal((10, 4)).astype(np.float32)
+    model_dir = _plain_model(
+        tmp_path, [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor("table", TensorProto.FLOAT, table.shape, table.ravel())])
+    p = Processor({"savedmodel_dir": str(model_dir)})
+    try:
+        ids = [np.array([1], np.int64), np.array([2, 3], np.int64), np.array([4, 99], np.int64),
+               np.array([9], np.int64)]
+        bodies = [encode_request({"idx": i}) for i in ids]
+        alone = [p.process(b) for b in bodies]
+        assert [status for status, _ in alone] != [200] * 4 and alone[2][0] != 200
+        before = _native(p)
+        traces = [RequestTrace() for _ in bodies]
+        merged = p.process_many(bodies, traces, 64)
+        after = _native(p)
+        assert merged == alone
+        assert [status for status, _ in merged] == [200, 200, alone[2][0], 200]
+        assert after["served"] - before["served"] == 3 and after["run"] - before["run"] == 1
+        assert [traces[i].merged_with for i in (0, 1, 3)] == [1, 1, 1]
+        assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
+        for i in (0, 1, 3):
+            assert decode_response(merged[i][1])["rows"].tobytes() == table[ids[i]].tobytes()
     finally:
         p.close()
