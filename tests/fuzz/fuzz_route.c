@@ -19,6 +19,7 @@
  *   - a layout the harness cannot describe is refused (rs_servable_refuse_layout) and falls
  *     back as RS_FALLBACK_NOT_NATIVE;
  *   - a request of any other layout falls back (0) and allocates nothing;
+ *   - the EAS request twice in one rs_route_process_many call (serve_many): served as alone;
  *   - every 64 inputs the servable is swapped for a new one (publish, drain, free).
  */
 #include <stdint.h>
@@ -339,6 +340,34 @@ static int64_t tfs_prefix(const uint8_t* layout, int64_t size) {
     return p - layout;
 }
 
+/* The request twice and an empty one through rs_route_process_many (request merging): each
+ * copy served exactly when the request alone is, framed as a PredictResponse, and byte for
+ * byte the answer alone when it ran alone (this runner is not row-independent: a merged
+ * answer is a view of rows it did not compute per request); the empty one declined. */
+static void serve_many(const uint8_t* request, int64_t n, int status, const uint8_t* out, int64_t out_size) {
+    const uint8_t* datas[3] = {request, request, NULL};
+    int64_t sizes[3] = {n, n, 0};
+    uint8_t* outs[3];
+    int64_t out_sizes[3], infos[3 * RS_INFO_SIZE];
+    int32_t statuses[3];
+    int64_t max_rows = 1 + run_seed % 64;
+    int64_t served = rs_route_process_many(slot, datas, sizes, 3, max_rows, outs, out_sizes, statuses, infos);
+    CHECK(served == (status == 200 ? 2 : 0));
+    CHECK(statuses[2] == 0 && !outs[2] && infos[2 * RS_INFO_SIZE + RS_INFO_REASON] == RS_FALLBACK_EMPTY);
+    for (int k = 0; k < 2; k++) {
+        CHECK(statuses[k] == status);
+        if (status == 200) {
+            int64_t merged = infos[k * RS_INFO_SIZE + RS_INFO_MERGED];
+            CHECK(outs[k] && entries(outs[k], out_sizes[k], 0) >= 1 && (merged == 1 || merged == 2));
+            if (merged == 1)
+                CHECK(out_sizes[k] == out_size && memcmp(outs[k], out, (size_t)out_size) == 0);
+        } else {
+            CHECK(!outs[k] && out_sizes[k] == 0);
+        }
+        free(outs[k]);
+    }
+}
+
 typedef int64_t (*decode_fn)(const uint8_t*, int64_t, int64_t*, int64_t, int64_t*, int64_t);
 typedef int (*process_fn)(rs_route_slot*, const uint8_t*, int64_t, uint8_t**, int64_t*, int64_t*);
 
@@ -395,6 +424,8 @@ static void serve(const uint8_t* request, int64_t n, uint8_t seed, int tfs) {
         if (layout < 0)
             CHECK(info[RS_INFO_REASON] == RS_FALLBACK_PARSE);
     }
+    if (!tfs)
+        serve_many(request, n, status, out, out_size);
     free(out);
     free(values);
     free(scratch);
