@@ -104,6 +104,8 @@ struct rs_servable {
     _Alignas(LINE) int64_t id;
     rs_dense_run_fn run;
     void* runner;
+    rs_dense_run_fn run_merged; /* rs_route_process_many's runs (rs_servable_set_merged_run) */
+    void* runner_merged;
     rs_lookup_at_fn lookup_at;
     rs_xxh64_spans_fn xxh64_spans;
     rs_bucket_spans_fn bucket_spans;
@@ -217,12 +219,19 @@ rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, r
         return NULL;
     atomic_store(&s->leases, 1);
     s->id = id;
-    s->run = run;
-    s->runner = runner;
+    s->run = s->run_merged = run;
+    s->runner = s->runner_merged = runner;
     s->lookup_at = lookup_at;
     s->xxh64_spans = xxh64_spans;
     s->bucket_spans = bucket_spans;
     return s;
+}
+
+void rs_servable_set_merged_run(rs_servable* s, rs_dense_run_fn run, void* runner) {
+    if (s && run) {
+        s->run_merged = run;
+        s->runner_merged = runner;
+    }
 }
 
 int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
@@ -974,14 +983,17 @@ static void release(const route* rt, void** owned) {
             free(owned[i]);
 }
 
-/* One dense run of rt's outputs over `inputs`: 0 with outs[] (rt->n_outputs) filled (free
- * them with free_outputs()), or RS_FALLBACK_RUN with none allocated (Python reruns the
- * request and reports its own message). */
-static int run_dense(rs_servable* s, const route* rt, const rs_tensor_in* inputs, size_t n_inputs,
+/* One dense run of rt's outputs over `inputs` (`merged`: a run of rs_route_process_many's,
+ * on the servable's merged runner): 0 with outs[] (rt->n_outputs) filled (free them with
+ * free_outputs()), or RS_FALLBACK_RUN with none allocated (Python reruns the request and
+ * reports its own message). */
+static int run_dense(rs_servable* s, bool merged, const route* rt, const rs_tensor_in* inputs, size_t n_inputs,
                      rs_tensor_out* outs) {
     char* err = NULL;
     memset(outs, 0, (size_t)rt->n_outputs * sizeof *outs);
-    int status = s->run(s->runner, inputs, n_inputs, rt->output_names, (size_t)rt->n_outputs, outs, &err);
+    int status = merged ? s->run_merged(s->runner_merged, inputs, n_inputs, rt->output_names, (size_t)rt->n_outputs,
+                                        outs, &err)
+                        : s->run(s->runner, inputs, n_inputs, rt->output_names, (size_t)rt->n_outputs, outs, &err);
     free(err);
     return status ? RS_FALLBACK_RUN : 0;
 }
@@ -993,10 +1005,11 @@ static void free_outputs(const route* rt, rs_tensor_out* outs) {
     }
 }
 
-/* Runs a found route over a parsed request; 0 with the response, or an RS_FALLBACK_* reason.
- * times[1], times[2]: CLOCK_MONOTONIC ns before and after the run. */
-static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, int64_t* values, uint8_t** out,
-                 int64_t* out_size, int64_t* times) {
+/* Runs a found route over a parsed request (`merged`: for rs_route_process_many, on its
+ * runner); 0 with the response, or an RS_FALLBACK_* reason. times[1], times[2]:
+ * CLOCK_MONOTONIC ns before and after the run. */
+static int serve(wire w, rs_servable* s, bool merged, const route* rt, const uint8_t* data, int64_t* values,
+                 uint8_t** out, int64_t* out_size, int64_t* times) {
     int reason = 0;
     size_t n_inputs = route_inputs(rt);
     rs_tensor_in inputs_small[64];
@@ -1011,7 +1024,7 @@ static int serve(wire w, rs_servable* s, const route* rt, const uint8_t* data, i
         reason = prepare(s, rt, data, values, inputs, owned, fold_shape);
     times[1] = now_ns(CLOCK_MONOTONIC);
     if (!reason)
-        reason = run_dense(s, rt, inputs, n_inputs, outs);
+        reason = run_dense(s, merged, rt, inputs, n_inputs, outs);
     times[2] = now_ns(CLOCK_MONOTONIC);
     if (!reason) {
         reason = encode(w, rt, outs, out, out_size);
@@ -1083,7 +1096,7 @@ static int process(wire w, rs_route_slot* slot, const uint8_t* data, int64_t siz
     int reason = find(w, s, data, size, &values, &scratch, &rt);
     times[1] = now_ns(CLOCK_MONOTONIC);
     if (!reason)
-        reason = serve(w, s, rt, data, values, out, out_size, times + 1);
+        reason = serve(w, s, false, rt, data, values, out, out_size, times + 1);
     int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
     unlease(s);
     free(values);

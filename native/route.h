@@ -90,6 +90,10 @@ RS_ROUTE_API int64_t rs_slot_counters(rs_route_slot* slot, int64_t* out, int64_t
 RS_ROUTE_API rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner,
                                              rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans,
                                              rs_bucket_spans_fn bucket_spans);
+/* The dense run rs_route_process_many's runs take (they are merges of requests already, so
+ * they skip a dynamic batcher behind `run`, as SessionGroup.run(merged=True) does); until
+ * this is called they take rs_servable_create's. Before the servable is published. */
+RS_ROUTE_API void rs_servable_set_merged_run(rs_servable* s, rs_dense_run_fn run, void* runner);
 /* Builds a vocabulary (route_vocabulary.h: n words back to back in `words`, word i of
  * lengths[i] bytes keyed indices[i]; a string that is no word gets default_id, or oov_start +
  * Fingerprint64 % oov_buckets when oov_buckets > 0; '' is padding when empty_is_padding, else

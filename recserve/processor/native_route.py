@@ -17,7 +17,9 @@ other calls) is the control plane.
 - The dense runner: `dense_runner(sessions)`: the session group's ONNX Runtime C API runner
   (`OrtRunner`), so the whole request runs without the GIL; where the group has none, or
   merges requests in Python (dynamic batching), `PythonRunner`, the *fallback runner*: a C
-  function pointer (ctypes callback) that takes the GIL for the dense run only.
+  function pointer (ctypes callback) that takes the GIL for the dense run only. Request
+  merging's runs (`RouteSlot.process_many`, rs_route_process_many) skip a dynamic batcher:
+  `merged_runner(sessions)`, the C API runner where the group has one.
 
 Thread-safe: routes register concurrently with requests; publish/close run on the manager's
 threads.
@@ -50,7 +52,8 @@ if TYPE_CHECKING:
     from recserve.processor.trace import RequestTrace
     from recserve.runtime.input_concat import InputConcat
 
-__all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "RouteSlot", "dense_runner", "native_servable"]
+__all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "RouteSlot", "dense_runner", "merged_runner",
+           "native_servable"]
 
 log = logging.getLogger("recserve.processor")
 
@@ -103,6 +106,7 @@ def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
             "rs_slot_count": (None, [p, ctypes.c_int32]),
             "rs_slot_counters": (i64, [p, p, i64]),
             "rs_servable_create": (p, [i64, p, p, p, p, p]),
+            "rs_servable_set_merged_run": (None, [p, p, p]),
             "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64, i64, i64, i64, ctypes.c_int32]),
             "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
             "rs_servable_refuse_layout": (ctypes.c_int, [p, ctypes.c_char_p, i64]),
@@ -297,8 +301,9 @@ class PythonRunner:
     does) and runs the session group from Python. Makes the native route complete before the
     ONNX Runtime C API runner exists; its dense run does not scale across threads."""
 
-    def __init__(self, sessions: SessionGroup) -> None:
+    def __init__(self, sessions: SessionGroup, *, merged: bool = False) -> None:
         self._sessions = sessions
+        self._merged = merged   # runs that are merges already: SessionGroup.run(merged=True)
         self.function = DENSE_RUN(self._run)
         self.address = ctypes.cast(self.function, ctypes.c_void_p).value
         self.runner = None
@@ -314,7 +319,7 @@ class PythonRunner:
                 count = math.prod(shape)
                 raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(t.data) if count else b""
                 feeds[t.name.decode()] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
-            results = self._sessions.run([names[i].decode() for i in range(n_outputs)], feeds)
+            results = self._sessions.run([names[i].decode() for i in range(n_outputs)], feeds, merged=self._merged)
             for i, value in enumerate(results):
                 out = outputs[i]
                 value = np.ascontiguousarray(value)
@@ -359,17 +364,32 @@ def dense_runner(sessions: SessionGroup) -> OrtRunner | PythonRunner:
     return PythonRunner(sessions)
 
 
+def merged_runner(sessions: SessionGroup) -> OrtRunner | PythonRunner | None:
+    """The runner of request merging's runs (rs_servable_set_merged_run), or None when it is
+    `dense_runner`'s: they are merges of requests already, so where the group has a dynamic
+    batcher they skip it, as merged_runs' SessionGroup.run(merged=True) does -- on the C API
+    runner when the group has one."""
+    if sessions._batcher is None:
+        return None
+    if getattr(sessions, "native_runner", None) is not None:
+        return OrtRunner(sessions)
+    return PythonRunner(sessions, merged=True)
+
+
 class NativeServable:
     """One version's native servable: its compiled routes and dense runner."""
 
-    def __init__(self, servable: Servable, runner: Any) -> None:
+    def __init__(self, servable: Servable, runner: Any, merged: Any = None) -> None:
         from recserve.embedding import _native as engine
 
         self.id = next(_ids)
         self._runner = runner   # kept alive: the C side calls it
-        # The runner feeds graph inputs as they are: a Concat the session group folds in
-        # Python (SessionGroup._feed) is folded by the route instead.
-        self._concat = servable.sessions.concat if isinstance(runner, OrtRunner) else None
+        self._merged_runner = merged   # request merging's runner (merged_runner), None: `runner`
+        # The C API runner feeds graph inputs as they are: a Concat the session group folds
+        # in Python (SessionGroup._feed) is folded by the route instead -- for both runners
+        # when merging's is that one (the Python runner's _feed takes a folded feed as it is).
+        folds = isinstance(runner, OrtRunner) or isinstance(merged, OrtRunner)
+        self._concat = servable.sessions.concat if folds else None
         self._lock = threading.Lock()
         self._closed = False
         lookup_at = ctypes.cast(engine._LIB.rs_lookup_at, ctypes.c_void_p).value
@@ -379,6 +399,8 @@ class NativeServable:
                                                buckets)
         if not self.address:
             raise MemoryError("rs_servable_create failed")
+        if merged is not None:
+            _LIB.rs_servable_set_merged_run(self.address, merged.address, merged.runner)  # type: ignore[union-attr]
         # id(StringKeys) -> (it, its native vocabulary's handle): built here, with the version
         # (never on a request thread), freed with the servable (rs_servable_free).
         self._vocabularies: dict[int, tuple[StringKeys, int]] = {}
@@ -455,7 +477,7 @@ def native_servable(servable: Servable) -> NativeServable | None:
         return None
     if LookupPlan is not engine.LookupPlan:
         return None
-    return NativeServable(servable, dense_runner(servable.sessions))
+    return NativeServable(servable, dense_runner(servable.sessions), merged_runner(servable.sessions))
 
 
 def _plan_outputs(route: RequestRoute) -> list[tuple[str, int, tuple[int, ...]]]:

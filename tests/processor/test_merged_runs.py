@@ -276,3 +276,31 @@ def test_a_request_whose_values_break_the_merged_run_fails_alone(
             assert decode_response(merged[i][1])["rows"].tobytes() == table[ids[i]].tobytes()
     finally:
         p.close()
+
+
+@native_only
+@pytest.mark.parametrize("model", ["demo", "plain"])
+def test_native_merging_with_dynamic_batching_on_runs_past_the_batcher(
+        model: str, demo: DemoModel, plain, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_batch_size > 0 gives the session group a dynamic batcher (the server's request
+    merging sets it): merged runs skip it, as merged_runs' SessionGroup.run(merged=True), on
+    the ONNX Runtime C API runner, with the same answers (the plain DLRM model: its Concat
+    folded by the route for both runners)."""
+    config = json.loads(demo.config_path.read_text()) if model == "demo" else plain.config()
+    sample = demo.sample_inputs if model == "demo" else plain.sample
+    p = Processor(config | {"max_batch_size": 64})
+    try:
+        native = p._manager.current.native
+        assert isinstance(native._runner, native_route.PythonRunner)   # single requests: the batcher's
+        assert isinstance(native._merged_runner, native_route.OrtRunner)
+        rng = np.random.default_rng(21)
+        bodies = [encode_request(sample(b, rng)) for b in (1, 4, 1, 2)]
+        alone = [p.process(b) for b in bodies]
+        before = _native(p)["served"]
+        traces = [RequestTrace() for _ in bodies]
+        assert p.process_many(bodies, traces, 64) == alone
+        assert _native(p)["served"] - before == len(bodies)
+        assert [t.merged_with for t in traces] == [4] * 4
+        assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
+    finally:
+        p.close()
