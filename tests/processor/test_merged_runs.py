@@ -304,3 +304,24 @@ def test_native_merging_with_dynamic_batching_on_runs_past_the_batcher(
         assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
     finally:
         p.close()
+
+
+@native_only
+def test_a_request_that_wants_an_onnx_runtime_profile_takes_the_python_path(
+        demo: DemoModel, processor: Processor) -> None:
+    rng = np.random.default_rng(4)
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (1, 3, 1)]
+    alone = [processor.process(b) for b in bodies]
+    traces = [RequestTrace() for _ in bodies]
+    traces[1].want_ort_profile = True
+    before = _native(processor)
+    try:
+        assert processor.process_many(bodies, traces, 64) == alone
+        after = _native(processor)
+        assert after["served"] - before["served"] == 2 and after["trace"] - before["trace"] == 1
+        assert [t.merged_with for t in traces] == [2, 1, 2]
+        assert traces[1].ort_profile_path   # profiled by the Python path, alone
+    finally:
+        for trace in traces:
+            if trace.ort_profile_path:
+                Path(trace.ort_profile_path).unlink(missing_ok=True)
