@@ -26,11 +26,13 @@ NOTES = """Demo model (`recserve demo`) on loopback, wrk -t2 -c64 posting one fi
 PredictRequest to `/api/predict/default`; two servers started side by side, merging off
 (max_batch_size 0) and on (max_batch_size 64, batch_timeout_micros 0: no wait), measured
 alternately, 2 rounds of 5 s after a 2 s warmup each; requests/s and p99 are the better
-round of each. wrk runs on the same 2 cores as the server, and this machine is shared with
-other agents' builds and tests (load average noted in each row): absolute numbers are noisy,
-compare within a row. Refusal row: a model with max_queued_requests 1 whose place is held
-by a request parked in a 60 s merge wait, so every wrk request (batch 256, -t1 -c64, 5 s)
-is refused at its headers; server CPU (/proc/<pid>/stat, every thread) per refusal.
+round of each, with its server CPU a request (/proc/<pid>/stat, every thread of every
+process) and the handlers' share of it (recserve_request_cpu_seconds_total). wrk runs on
+the same 2 cores as the server, and this machine is shared with other agents' builds and
+tests (load average noted in each row): absolute numbers are noisy, compare within a row.
+Refusal row: a model with max_queued_requests 1 whose place is held by a request parked in
+a 60 s merge wait, so every wrk request (batch 256, -t1 -c64, 5 s) is refused at its
+headers; server CPU (/proc/<pid>/stat, every thread) per refusal.
 Front-end rows: wrk -t1 -c16, batch 1 and 64, recserve (merging off, then on) alternated
 with a bare ASGI app under uvicorn (httptools, uvloop; benchmarks/peers/uvicorn_fixed.py)
 that reads the same body and answers 64 fixed bytes, 2 rounds of 5 s, the lower of each;
@@ -84,7 +86,38 @@ bare app, alternated (lowest of 3-4 rounds, three runs, load average 5-14; the t
 merging main): EAS batch 64 merging off 46 -> 38 us (1.44x -> 1.21x bare), 41 -> 39 us
 (1.34x -> 1.30x) and 42 -> 41 us (1.30x -> 1.27x); batch 1 37 -> 35 us (1.26x -> 1.18x) and
 38 -> 38 us (1.24x both). The goal (<= 1.3x) is met in those runs at its edge, by a few us:
-single rounds still range 38-67 us on this machine."""
+single rounds still range 38-67 us on this machine.
+
+Idle re-run (2026-11-26 05:46 UTC, load average 1-3 from the benchmark's own wrk and
+servers only, commit 8bf94f5), with an A/B of the same section at commit
+8a8f8c0 (before this session's work) right after it: CPU outside the handler, merging off,
+8a8f8c0 / now: batch 1 50 / 51 us against bare uvicorn 31 / 29 us (1.60x / 1.73x), batch 64
+56 / 55 us against 30 / 31 us (1.87x / 1.78x). Both trees miss the 1.3x goal on the idle
+machine, where the earlier runs at load average 2-10 had met it at batch 1 (1.08-1.21x):
+under load the bare app's CPU per request rose more than recserve's, so those ratios
+flattered recserve. Merging on: 0.91x / 0.995x. Merging on/off requests/s, idle: 1.44x
+(one process, p99 7.4 vs 9.1 ms) and 1.32x (--workers 2), merged calls still in Python.
+
+Issue 25, merging in C (the rows above, 2026-11-26 ~07:08 UTC, load average 4-6 from other
+agents): a merged call now goes to the native route first (rs_route_process_many,
+native/route_merge.inc): each request parsed, keyed and looked up in C into its own
+buffers, the run's inputs concatenated and run once on ONNX Runtime's C API runner, each
+response encoded from its rows, the GIL released throughout; the Python merged path
+(recserve.processor.merged_runs) serves only what it declines. The handlers' CPU a request
+with merging on fell from 35 us (measured with `wrk -t2 -c64` before the change) to 6-9 us,
+against 33-46 us off; the server's CPU a request on 29-33 us against 64-92 us off (off's
+rises with the machine's load). Three on/off runs of the two throughput rows within half
+an hour: one process 2.31x, 3.09x (the table; off's p99 45 ms under load), 2.63x; an
+intermediate build had 1.80-1.87x (load 1-2) whose merged runs still went through the session
+group's dynamic batcher (max_batch_size > 0 gives the group one: a GIL-holding Python
+runner and a batcher-thread hop a run; merged runs now skip it, as
+SessionGroup.run(merged=True) does); `--workers 2` 2.48x, 2.11x, 2.41x (2.01x for the
+intermediate build). p99 lower with merging on in every run. Not measured on an idle
+machine: the ratios at load 4-8 may flatter merging as the front-end ratios above
+flattered recserve (off's CPU a request was 64-68 us at load 1-2, 85-92 us at load 4-8).
+The front-end and refusal rows of this table come from the same loaded run (this work did
+not touch the front end): batch 1 merging off's 1.28x "met" is that flattery (1.73x on the
+idle machine, above)."""
 
 SECONDS = 5
 
