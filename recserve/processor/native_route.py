@@ -44,6 +44,7 @@ import numpy as np
 from recserve.embedding import StringKeys
 from recserve.errors import RecserveError
 from recserve.native_library import open_library
+from recserve.processor.trace import Span
 
 if TYPE_CHECKING:
     from recserve.processor.request_route import RequestRoute, _FoldedFeed
@@ -258,8 +259,6 @@ _ids = itertools.count(1)
 
 
 def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
-    from recserve.processor.trace import Span
-
     # On every natively served request with a trace (every server request): the spans made
     # as plain tuples of the Span type (its generated __new__ is a Python call each).
     servable_id, batch, t0, t1, t2, t3, t4 = info   # _route_call.process_traced's
@@ -272,8 +271,6 @@ def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
 def _fill_merged_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
     """`_fill_trace` for a request rs_route_process_many served: its spans need not be back to
     back (a merged request's run waits for its neighbours' lookups)."""
-    from recserve.processor.trace import Span
-
     servable_id, batch, merged, t0, t1, lookup, t2, run, t3, encode, t4 = info   # _route_call.process_many's
     trace_served_by(trace, servable_id, batch)
     trace.merged_with = merged
