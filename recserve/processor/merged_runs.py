@@ -11,8 +11,12 @@ back by rows. Nothing is padded. If a merged run fails, or an output's first dim
 not the merged batch (a graph that is not row-independent), each request of it is run
 alone, so the answers are always those of unmerged runs.
 
-`DynamicBatcher` (threads calling `SessionGroup.run`) merges with the same
-`concat_rows`/`split_rows`. Thread-safe: no state of its own.
+The native route does the same in C for the layouts it has routes for
+(rs_route_process_many, native/route_merge.inc; `Processor.process_many` hands it the
+requests first): this module is its spec, and serves what it declines (a layout's first
+request, Redis tables, an ids graph, ONNX Runtime profiles). `DynamicBatcher` (threads
+calling `SessionGroup.run`) merges with the same `concat_rows`/`split_rows`. Thread-safe:
+no state of its own.
 """
 
 from __future__ import annotations

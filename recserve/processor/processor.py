@@ -244,9 +244,12 @@ class Processor:
 
     def process_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
                      max_rows: int) -> list[tuple[int, bytes]]:
-        """What `process` answers each payload, on one leased version, the requests that agree
-        in layout merged into ONNX Runtime runs of up to `max_rows` rows (request merging:
-        recserve.processor.merged_runs). Never raises; one bad request fails only itself."""
+        """What `process` answers each payload, the requests that agree in layout merged into
+        ONNX Runtime runs of up to `max_rows` rows: on the native route first (one lease of
+        the published version, RouteSlot.process_many), the requests it declines on one
+        leased version in Python (recserve.processor.merged_runs); a swap between the two
+        may answer them from different versions, as two `process` calls would be. Never
+        raises; one bad request fails only itself."""
         answers: list[tuple[int, bytes]] = [(0, b"")] * len(payloads)
         merge = [i for i, data in enumerate(payloads) if data]
         for i, data in enumerate(payloads):
