@@ -6,6 +6,7 @@ unmerged, one malformed request fails only itself, and runs are cut at max_rows.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +16,15 @@ import pytest
 from recserve import Processor
 from recserve.export.demo import DemoModel, write_demo
 from recserve.export.reference import Reference
+from recserve.model_store.checkpoint import Checkpoint
+from recserve.model_store.manifest import Manifest
+from recserve.model_store.versions import VersionRef
 from recserve.processor import native_route
 from recserve.processor.trace import RequestTrace
 from recserve.wire import codec
 from recserve.wire.codec import decode_response, encode_request
 from tests.reference_answers import ATOL
+from tests.threads import Threads
 
 native_only = pytest.mark.skipif(codec._native is None or native_route._CALL is None,
                                  reason="the native route needs the native parser and its library")
@@ -325,3 +330,37 @@ def test_a_request_that_wants_an_onnx_runtime_profile_takes_the_python_path(
         for trace in traces:
             if trace.ort_profile_path:
                 Path(trace.ort_profile_path).unlink(missing_ok=True)
+
+
+@native_only
+def test_threads_merge_natively_while_versions_swap(plain, plain_processor: Processor) -> None:
+    """Merged calls from several threads at once, each on one lease of whichever version is
+    published, while versions swap (a retired version is freed only after its last lease):
+    every answer stays byte for byte the unmerged one (the new version's first request of
+    a layout takes the Python path)."""
+    rng = np.random.default_rng(50)
+    bodies = [encode_request(plain.sample(b, rng)) for b in (1, 1, 2, 8, 3)]
+    expected = [plain_processor.process(b) for b in bodies]
+    stop = threading.Event()
+
+    def merge(k: int) -> int:
+        calls = 0
+        while not stop.is_set():
+            mine = bodies[k % len(bodies):] + bodies[:k % len(bodies)]
+            answers = plain_processor.process_many(mine, [RequestTrace() for _ in mine], 16)
+            assert answers == expected[k % len(bodies):] + expected[:k % len(bodies)]
+            calls += 1
+        return calls
+
+    before = _native(plain_processor)["served"]
+    workers = Threads([lambda k=k: merge(k) for k in range(3)], "merged callers")
+    try:
+        for _ in range(6):
+            plain_processor._manager.swap(plain_processor._build(Checkpoint(
+                VersionRef("graph", plain_processor.config.savedmodel_dir, 0), Manifest("full", 0, {}), {}, {})))
+            stop.wait(0.2)
+            workers.check()
+    finally:
+        stop.set()
+    assert all(calls > 0 for calls in workers.join(30.0))
+    assert _native(plain_processor)["served"] > before
