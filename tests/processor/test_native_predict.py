@@ -160,6 +160,8 @@ def test_a_natively_served_predict_is_traced(demo_processor: Processor, demo: De
     assert trace.batch_size == 4 and trace.model_version == demo_processor.model_info()["version"]
     assert [span.stage for span in trace.spans] == ["lookup", "run"]   # as Servable.predict traces
     assert all(0 < span.end_ns - span.start_ns < 10**10 for span in trace.spans)
+    # the C call's wall time, the GIL released (the server's InlinePolicy weighs it)
+    assert trace.released_ns == trace.spans[-1].end_ns - trace.spans[0].start_ns
 
 
 def _bad_requests(demo: DemoModel) -> list[tuple[dict[str, Any], Sequence[str] | None, str | None]]:

@@ -304,6 +304,7 @@ def test_python_threads_get_the_python_routes_bytes_at_once(
                 assert plain_processor.process(body, trace=trace) == expected[j]
                 assert [s.stage for s in trace.spans] == ["decode", "lookup", "run", "encode"]
                 assert all(s.end_ns >= s.start_ns for s in trace.spans)
+                assert trace.released_ns == trace.spans[-1].end_ns - trace.spans[0].start_ns > 0
                 assert (trace.batch_size, trace.model_version) == (batches[j], version)
             else:
                 assert plain_processor.process(body) == expected[j]
