@@ -44,7 +44,19 @@ connections the client's CPU for ~2,000 refusals/s comes out of the same 2 cores
 got 0.73 of a core at 512 connections against 0.82 at 64 in the run below). HTTP refusals at
 the headers (issue 25), measured against the code before them, servers side by side and
 alternated, load average ~10 (shared machine): 200s/s at 512 connections 1,679-1,798 vs
-1,207-1,360, p99 259-315 vs 515-615 ms (p99 at 512 / at 64: 2.4-2.9 vs 4.0-4.7)."""
+1,207-1,360, p99 259-315 vs 515-615 ms (p99 at 512 / at 64: 2.4-2.9 vs 4.0-4.7).
+
+Why the p99 goal and the 200s goal pull against each other here: wrk keeps every connection's
+request out and sends the next the moment an answer (a 503 too) arrives, so by Little's law
+the mean latency at 512 connections is 512 / (answers per second), whatever the server
+does, unless it answers many more requests per second than it can serve, i.e. refuses them
+fast. A p99 at 512 of 3x the 64-connection one (~50 ms) needs ~10,000 answers/s where ~5,500
+can be served: ~5,000 refusals/s, each costing the server ~22 us and wrk about as much on
+the same 2 cores, which comes out of the served requests. The max_queue_ms 30 rows measure
+it: a shorter wait refuses more and lowers p99 less than it lowers the served rate. Served
+requests wait in the kernel's socket buffers and on the event loop's pass over the ready
+connections (a batch-256 prediction runs inline, ~0.15 ms, and one pass over 512 ready
+connections takes about the p50 at 512), where admission sees them only once read."""
 
 CPU_SECONDS, OVERLOAD_SECONDS = 5, 8
 GRPC_PREDICT = "/tensorflow.eas.PredictionService/Predict"
@@ -87,30 +99,58 @@ def run() -> list[Row]:
         processor.close()
         body = encode_request(demo.sample_inputs(256, np.random.default_rng(256)))
         script = post_script(root, body, "b256")
-        wrk(url, script, threads=2, connections=64, seconds=2)
-        best: dict[int, dict[str, float]] = {}
-        for connections in (64, 512, 64, 512):
-            r = wrk(url, script, threads=2, connections=connections, seconds=OVERLOAD_SECONDS)
-            if connections not in best or r["p99_ms"] < best[connections]["p99_ms"]:
-                best[connections] = r
-        low, high = best[64], best[512]
-        ok_low = (low["requests"] - low["non2xx"]) / OVERLOAD_SECONDS
-        ok_high = (high["requests"] - high["non2xx"]) / OVERLOAD_SECONDS
-        p99_ratio = high["p99_ms"] / low["p99_ms"]
-        rows.append(Row(
-            f"overload, batch 256: p99 at 512 connections / at 64 (p50 {high['p50_ms']:.0f} vs {low['p50_ms']:.0f} ms; "
-            f"503s {high['non2xx'] / OVERLOAD_SECONDS:,.0f}/s; client timeouts {high['timeouts']:.0f})",
-            f"{high['p99_ms']:.0f} ms", f"{low['p99_ms']:.0f} ms", p99_ratio, "<= 3, no timeouts",
-            p99_ratio <= 3 and high["timeouts"] == 0))
-        rows.append(Row(
-            "overload, batch 256: answered (200) requests/s at 512 connections / at 64",
-            f"{ok_high:,.0f} req/s", f"{ok_low:,.0f} req/s", ok_high / ok_low, ">= 0.9", ok_high / ok_low >= 0.9))
+        rows += _overload_rows(url, script, "")
         rows += _grpc_overload(f"127.0.0.1:{grpc_port}", body)
+        rows += _shorter_wait_rows(root, demo.config_path, script)
         return rows
     finally:
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _overload_rows(url: str, script: Path, setting: str) -> list[Row]:
+    """p99 and answered requests/s at 512 connections against 64 (batch 256, wrk -t2)."""
+    wrk(url, script, threads=2, connections=64, seconds=2)
+    best: dict[int, dict[str, float]] = {}
+    for connections in (64, 512, 64, 512):
+        r = wrk(url, script, threads=2, connections=connections, seconds=OVERLOAD_SECONDS)
+        if connections not in best or r["p99_ms"] < best[connections]["p99_ms"]:
+            best[connections] = r
+    low, high = best[64], best[512]
+    ok_low = (low["requests"] - low["non2xx"]) / OVERLOAD_SECONDS
+    ok_high = (high["requests"] - high["non2xx"]) / OVERLOAD_SECONDS
+    p99_ratio = high["p99_ms"] / low["p99_ms"]
+    answers = high["requests"] / OVERLOAD_SECONDS
+    goals = not setting  # the goals are the default settings'; another setting's rows inform
+    return [
+        Row(f"overload{setting}, batch 256: p99 at 512 connections / at 64 (p50 {high['p50_ms']:.0f} vs "
+            f"{low['p50_ms']:.0f} ms; 503s {high['non2xx'] / OVERLOAD_SECONDS:,.0f}/s; client timeouts "
+            f"{high['timeouts']:.0f}; 512 / all answers per second = {512 / answers * 1e3:.0f} ms, the mean "
+            "latency of a client that always has 512 requests out)",
+            f"{high['p99_ms']:.0f} ms", f"{low['p99_ms']:.0f} ms", p99_ratio, "<= 3, no timeouts" if goals else "",
+            p99_ratio <= 3 and high["timeouts"] == 0 if goals else None),
+        Row(f"overload{setting}, batch 256: answered (200) requests/s at 512 connections / at 64",
+            f"{ok_high:,.0f} req/s", f"{ok_low:,.0f} req/s", ok_high / ok_low, ">= 0.9" if goals else "",
+            ok_high / ok_low >= 0.9 if goals else None),
+    ]
+
+
+def _shorter_wait_rows(root: Path, config_path: Path, script: Path) -> list[Row]:
+    """The overload rows again with max_queue_ms 30 (default 100): what a shorter wait buys
+    and costs against a client that retries every refusal at once."""
+    config = root / "wait30.json"
+    config.write_text(json.dumps(json.loads(config_path.read_text()) | {"max_queue_ms": 30}))
+    http_port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
+         "--http-port", str(http_port), "--grpc-port", str(free_port())], cwd=ROOT)
+    try:
+        wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
+        return _overload_rows(f"http://127.0.0.1:{http_port}/api/predict/default", script, " (max_queue_ms 30)")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def _grpc_overload(target: str, body: bytes) -> list[Row]:

@@ -10,14 +10,12 @@ model lookup, lease, metrics, deadline check or warmup recording.
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import threading
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 
+from benchmarks.peers.grpc_fixed import serve_predict
 from recserve import Processor
 from recserve.processor.trace import RequestTrace
 
@@ -33,20 +31,10 @@ def main(port: int, workers: int, config: Path) -> None:
         context.set_trailing_metadata(trace.served_by())
         return bytes(result)
 
-    handler = grpc.method_handlers_generic_handler(
-        "tensorflow.eas.PredictionService",
-        {"Predict": grpc.unary_unary_rpc_method_handler(predict)},  # raw bytes both ways
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), maximum_concurrent_rpcs=workers + 64)
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("ready", flush=True)
-    stop.wait()
-    server.stop(1).wait()
-    processor.close()
+    try:
+        serve_predict(port, workers, predict, maximum_concurrent_rpcs=workers + 64)
+    finally:
+        processor.close()
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
 
     servable_id, batch, t0, _, t2, _, t4, _ = info   # _route_call.process_values's (RS_INFO_*)
     native_route.trace_served_by(trace, servable_id, batch)
+    trace.released_ns = t4 - t0
     trace.spans.extend((Span("lookup", t0, t2), Span("run", t2, t4)))
 
 

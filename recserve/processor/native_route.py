@@ -263,6 +263,7 @@ def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
     # as plain tuples of the Span type (its generated __new__ is a Python call each).
     servable_id, batch, t0, t1, t2, t3, t4 = info   # _route_call.process_traced's
     trace_served_by(trace, servable_id, batch)
+    trace.released_ns = t4 - t0
     new = tuple.__new__
     trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", t1, t2)),
                         new(Span, ("run", t2, t3)), new(Span, ("encode", t3, t4))))

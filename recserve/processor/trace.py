@@ -42,6 +42,9 @@ class RequestTrace:
     ort_profile_path: str | None = None
     # How many requests shared this request's run (request merging); 1: it ran alone.
     merged_with: int = 1
+    # Wall time this request spent in the native route's C call, the GIL released: work another
+    # thread could overlap (the server's InlinePolicy sends long stretches of it to a worker).
+    released_ns: int = 0
 
     def served_by(self) -> tuple[tuple[str, str], ...]:
         """Which version answered, as HTTP headers / gRPC trailing metadata (lower case, as

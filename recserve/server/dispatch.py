@@ -44,11 +44,14 @@ class Dispatcher:
         route: str,
         find: Callable[[], ModelEntry],
         handler: Callable[[ModelEntry, Processor, RequestTrace], Outcome],
+        trace: RequestTrace | None = None,
     ) -> Outcome:
-        """Run `handler` on the model `find` names. The handler returns (status, result)
-        or raises RecserveError; either way the caller gets (status, result or message)."""
+        """Run `handler` on the model `find` names, recording into `trace` (a new one if
+        None). The handler returns (status, result) or raises RecserveError; either way the
+        caller gets (status, result or message)."""
         started, cpu = time.perf_counter(), time.thread_time()
-        trace = RequestTrace()
+        if trace is None:
+            trace = RequestTrace()
         label = UNKNOWN_MODEL
         step = None
         entry = None

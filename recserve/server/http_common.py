@@ -114,11 +114,11 @@ async def dispatch(
         return admitted
     try:
         # asyncio's executor hop costs less CPU per request than anyio's to_thread.
-        outcome, seconds = await asyncio.get_running_loop().run_in_executor(
+        outcome, seconds, released = await asyncio.get_running_loop().run_in_executor(
             ctx.workers, _timed_call, ctx, route, find, admitted, time.thread_time)
     finally:
         admitted.settle()
-    ctx.inline.record(model, seconds)
+    ctx.inline.record(model, seconds, released)
     return outcome
 
 
@@ -131,10 +131,10 @@ def dispatch_inline(
     if isinstance(admitted, tuple):
         return admitted
     try:
-        outcome, seconds = _timed_call(ctx, route, find, admitted)
+        outcome, seconds, released = _timed_call(ctx, route, find, admitted)
     finally:
         admitted.settle()
-    ctx.inline.record(model, seconds)
+    ctx.inline.record(model, seconds, released)
     return outcome
 
 
@@ -189,11 +189,13 @@ def deadline_from(raw: str | None, arrived: float) -> float | None:
 
 
 def _timed_call(ctx: ServerContext, route: str, find: Callable[[], ModelEntry], handler: Handler,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[Outcome, float]:
+                clock: Callable[[], float] = time.perf_counter) -> tuple[Outcome, float, float]:
+    """The outcome, the prediction's own time and the part of it run with the GIL released."""
     # The prediction's own time: time spent queued for a worker must not make a model look
     # slow. On a worker thread the clock is the thread's CPU time: the wall time also counts
     # the waits for the GIL that the other workers hold (many ms under load), which would
     # keep a short model off the loop for good.
+    trace = RequestTrace()
     started = clock()
-    outcome = ctx.dispatcher.call(route, find, handler)
-    return outcome, clock() - started
+    outcome = ctx.dispatcher.call(route, find, handler, trace)
+    return outcome, clock() - started, trace.released_ns / 1e9

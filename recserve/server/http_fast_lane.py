@@ -215,9 +215,10 @@ class FastLane:
         """`handler` through the dispatcher on the loop, now: `_refusal` has just checked
         the model's wait and the request's deadline, and it starts at once, so it takes no
         place in the wait (http_common.dispatch_inline's admission, without the steps)."""
+        trace = RequestTrace()
         started = time.perf_counter()
-        outcome = self._ctx.dispatcher.call(route.kind, route.find, handler)
-        self._ctx.inline.record(route.model, time.perf_counter() - started)
+        outcome = self._ctx.dispatcher.call(route.kind, route.find, handler, trace)
+        self._ctx.inline.record(route.model, time.perf_counter() - started, trace.released_ns / 1e9)
         return outcome
 
     def answer(self, route: FastRoute, headers: list[tuple[bytes, bytes]], body: bytes, arrived: float,

@@ -36,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from recserve.server.http_common import RECEIVED_KEY
 from recserve.server.http_fast_lane import Answer, FastLane, FastRoute, Pending
+from recserve.server.write_coalescer import WriteCoalescer
 
 __all__ = ["DRAIN_IDLE_SECONDS", "ConnectionLimits", "guarded_protocol"]
 
@@ -115,6 +116,7 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Any, refused: Any,
     reaches the connections): every request then is answered with `Connection: close`."""
     header_timeouts, body_timeouts = timeouts.labels("header"), timeouts.labels("body")
     clock = IoBatchClock()
+    writes = WriteCoalescer()
     # uvicorn's default headers (date, server) as bytes, made again when uvicorn replaces
     # the list (each second, for the date).
     defaults: list[Any] = [None, b""]
@@ -243,8 +245,13 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Any, refused: Any,
             what it still sends is dropped unparsed."""
             status, head, body = refusal
             keep = self.parser.should_keep_alive() and not (self._draining or draining())
-            self.transport.write(b"".join((STATUS_LINE[status], default_head(self.server_state.default_headers), head,
-                                           b"\r\n" if keep else b"connection: close\r\n\r\n", body)))
+            answer = b"".join((STATUS_LINE[status], default_head(self.server_state.default_headers), head,
+                               b"\r\n" if keep else b"connection: close\r\n\r\n", body))
+            if keep:
+                writes.write(self.loop, self.transport, answer)
+            else:  # its end of the connection follows at once: the answers before it first
+                writes.flush()
+                self.transport.write(answer)
             self.server_state.total_requests += 1
             if keep:
                 self._skipping = True
@@ -299,12 +306,15 @@ def guarded_protocol(limits: ConnectionLimits, timeouts: Any, refused: Any,
                     fast_lane.gone(route)
                 return
             status, head, body = answer
-            self.transport.write(b"".join((STATUS_LINE[status], default_head(self.server_state.default_headers), head,
-                                           b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n", body)))
+            data = b"".join((STATUS_LINE[status], default_head(self.server_state.default_headers), head,
+                             b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n", body))
             cycle.response_started = cycle.response_complete = True
             if not cycle.keep_alive:
+                writes.flush()  # the answers before it first: the connection closes after this one
+                self.transport.write(data)
                 self.transport.close()
                 return
+            writes.write(self.loop, self.transport, data)
             # uvicorn's on_response_complete, with the keep-alive wait watched by the
             # connection's one timer instead of a timer per answer.
             self.server_state.total_requests += 1

@@ -131,7 +131,8 @@ class RequestMerger:
                 except Exception as exc:  # a bug: every caller is answered 500, the loop goes on
                     log.exception("model %r: a merged call failed", entry.name)
                     outcomes = [(500, f"internal error: {type(exc).__name__}: {exc}")] * len(admitted)
-                self._inline.record(entry.name, (time.perf_counter() - started) / len(admitted))
+                self._inline.record(entry.name, (time.perf_counter() - started) / len(admitted),
+                                    _released(traces) / len(admitted))
                 self._deliver(admitted, outcomes, traces)
             else:
                 queue.running += 1
@@ -150,7 +151,7 @@ class RequestMerger:
             log.exception("model %r: a merged call failed", queue.entry.name)
             outcomes = [(500, f"internal error: {type(exc).__name__}: {exc}")] * len(items)
         else:
-            self._inline.record(queue.entry.name, cpu / len(items))
+            self._inline.record(queue.entry.name, cpu / len(items), _released(traces) / len(items))
         self._deliver(items, outcomes, traces)
         if queue.items and queue.handle is None:
             self._schedule(queue)
@@ -159,6 +160,11 @@ class RequestMerger:
     def _deliver(items: list[_Waiting], outcomes: list[Outcome], traces: list[RequestTrace]) -> None:
         for item, outcome, trace in zip(items, outcomes, traces):
             item.answer(outcome, trace)
+
+
+def _released(traces: list[RequestTrace]) -> float:
+    # A merged run's C call is shared: each trace holds the whole call's time.
+    return max((t.released_ns for t in traces), default=0) / 1e9
 
 
 def _timed(call_merged: Callable[..., list[Outcome]], entry: ModelEntry, payloads: list[bytes],

@@ -115,7 +115,8 @@ def run_server(
     settings = ServerSettings.resolve([c for _, c in configs])
     metrics = ServerMetrics(models)
     workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="recserve-http")
-    inline = InlinePolicy(settings.inline_max_bytes, settings.inline_max_ms / 1000)
+    inline = InlinePolicy(settings.inline_max_bytes, settings.inline_max_ms / 1000,
+                          settings.inline_max_released_ms / 1000)
     dispatcher = Dispatcher(models, metrics)
     ctx = ServerContext(models=models, dispatcher=dispatcher, metrics=metrics, settings=settings, workers=workers,
                         inline=inline, merger=RequestMerger(dispatcher.call_merged, metrics, inline, workers))

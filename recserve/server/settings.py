@@ -4,7 +4,8 @@ run on the event loop (`recserve.server.inline_policy`).
 Read from the environment (``RECSERVE_MAX_REQUEST_BYTES``, ``RECSERVE_ADMIN_TOKEN``),
 which wins over the config's ``max_request_bytes`` / ``admin_token`` fields when those
 exist in the processor config (the largest limit and the first token among the models);
-``RECSERVE_INLINE_MAX_BYTES`` and ``RECSERVE_INLINE_MAX_MS`` (0 turns inline runs off);
+``RECSERVE_INLINE_MAX_BYTES``, ``RECSERVE_INLINE_MAX_MS`` (0 turns inline runs off) and
+``RECSERVE_INLINE_MAX_RELEASED_MS`` (the GIL-free part; unlimited by default);
 the HTTP connection limits (`recserve.server.http_protocol`): ``RECSERVE_HTTP_HEADER_TIMEOUT_S``,
 ``RECSERVE_HTTP_BODY_TIMEOUT_S``, ``RECSERVE_HTTP_KEEPALIVE_S``, ``RECSERVE_HTTP_MAX_CONNECTIONS``.
 Immutable, thread-safe.
@@ -27,6 +28,12 @@ DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 # ~19 KB and runs ~0.3 ms; predictions up to ~1 ms cost the loop less than the hop.
 DEFAULT_INLINE_MAX_BYTES = 64 << 10
 DEFAULT_INLINE_MAX_MS = 1.0
+# The GIL-free part of a prediction (the native route's C call) above which it runs on a
+# worker, overlapping the loop's work on another core. Unlimited by default: the hop costs
+# CPU (KServe v2 JSON batch 64 of the DLRM-like model, 2 cores: ~1,100 against ~850 us per
+# request) and pays only while a core is spare (idle, all on workers: +25% requests/s; with
+# other work on the machine: -10 to -30%). A single process on a machine with cores to spare may set 0.1.
+DEFAULT_INLINE_MAX_RELEASED_MS = float("inf")
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_KEEPALIVE_S = 15.0
@@ -42,6 +49,7 @@ class ServerSettings:
     admin_token: str | None = None   # None: admin routes are open
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
     inline_max_ms: float = DEFAULT_INLINE_MAX_MS
+    inline_max_released_ms: float = DEFAULT_INLINE_MAX_RELEASED_MS
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keepalive_s: float = DEFAULT_KEEPALIVE_S
@@ -51,6 +59,7 @@ class ServerSettings:
         token = "***" if self.admin_token else None
         return (f"ServerSettings(max_request_bytes={self.max_request_bytes}, admin_token={token}, "
                 f"inline_max_bytes={self.inline_max_bytes}, inline_max_ms={self.inline_max_ms}, "
+                f"inline_max_released_ms={self.inline_max_released_ms}, "
                 f"header_timeout_s={self.header_timeout_s}, body_timeout_s={self.body_timeout_s}, "
                 f"keepalive_s={self.keepalive_s}, max_connections={self.max_connections})")
 
@@ -88,6 +97,8 @@ class ServerSettings:
             max_request_bytes=limit, admin_token=token,
             inline_max_bytes=int(_env_number(env, "RECSERVE_INLINE_MAX_BYTES", DEFAULT_INLINE_MAX_BYTES, "bytes")),
             inline_max_ms=_env_number(env, "RECSERVE_INLINE_MAX_MS", DEFAULT_INLINE_MAX_MS, "milliseconds"),
+            inline_max_released_ms=_env_number(env, "RECSERVE_INLINE_MAX_RELEASED_MS", DEFAULT_INLINE_MAX_RELEASED_MS,
+                                               "milliseconds", infinite=True),
             header_timeout_s=_env_number(env, "RECSERVE_HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S, "seconds",
                                          positive=True),
             body_timeout_s=_env_number(env, "RECSERVE_HTTP_BODY_TIMEOUT_S", DEFAULT_BODY_TIMEOUT_S, "seconds",
@@ -98,7 +109,8 @@ class ServerSettings:
         )
 
 
-def _env_number(env: Mapping[str, str], name: str, default: float, unit: str, *, positive: bool = False) -> float:
+def _env_number(env: Mapping[str, str], name: str, default: float, unit: str, *, positive: bool = False,
+                infinite: bool = False) -> float:
     raw = env.get(name)
     if raw is None:
         return default
@@ -106,7 +118,7 @@ def _env_number(env: Mapping[str, str], name: str, default: float, unit: str, *,
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+    if not (value > 0 if positive else value >= 0) or (value == float("inf") and not infinite):
         bound = "> 0" if positive else ">= 0"
         raise ConfigError(f"{name} must be a number {bound} ({unit}), got {raw!r}")
     return value

@@ -72,13 +72,6 @@ def _assert_native(processor: Processor, inputs: Mapping[str, Any], outputs: Seq
 
 
 @pytest.fixture(scope="module")
-def demo_processor(demo: DemoModel) -> Iterator[Processor]:
-    p = Processor(demo.config_path.read_text())
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
 def demo_reference(demo: DemoModel) -> Reference:
     return Reference(demo.model_dir, demo.version_dir)
 
@@ -89,28 +82,28 @@ def _close_to_reference(got: Mapping[str, np.ndarray], want: Mapping[str, np.nda
 
 
 def test_demo_requests_of_every_batch_size_are_native_and_exact(
-    demo_processor: Processor, demo: DemoModel, demo_reference: Reference
+    processor: Processor, demo: DemoModel, demo_reference: Reference
 ) -> None:
-    assert demo_processor.model_info()["native_route"]["enabled"]
+    assert processor.model_info()["native_route"]["enabled"]
     rng = np.random.default_rng(5)
     for batch in (1, 2, 3, 7, 8, 64, 512, *rng.integers(1, 100, 6).tolist()):
         inputs = demo.sample_inputs(batch, rng)
-        got = _assert_native(demo_processor, inputs)
+        got = _assert_native(processor, inputs)
         _close_to_reference(got, demo_reference.predict(inputs))
         # The next request of the shape: new values, the same route.
         again = demo.sample_inputs(batch, rng)
-        before = _served(demo_processor)
-        _assert_same(demo_processor.predict(again), _python_predict(demo_processor, again))
-        assert _served(demo_processor) == before + 1
+        before = _served(processor)
+        _assert_same(processor.predict(again), _python_predict(processor, again))
+        assert _served(processor) == before + 1
 
 
 def test_output_filters_signature_names_lists_and_every_wire_dtype_are_native(
-    demo_processor: Processor, demo: DemoModel, demo_reference: Reference
+    processor: Processor, demo: DemoModel, demo_reference: Reference
 ) -> None:
     rng = np.random.default_rng(6)
     for outputs in (["probabilities"], ["logit"], ["logits", "prob:0"], ["probabilities", "probabilities"], []):
-        _assert_native(demo_processor, demo.sample_inputs(4, rng), outputs)
-    _assert_native(demo_processor, demo.sample_inputs(2, rng), signature_name="serving_default")
+        _assert_native(processor, demo.sample_inputs(4, rng), outputs)
+    _assert_native(processor, demo.sample_inputs(2, rng), signature_name="serving_default")
     # Strings as str, narrow integers, bools.
     inputs = demo.sample_inputs(3, rng)
     inputs["user_id"] = np.array([-5, 7, 2**31 - 1], np.int32)
@@ -120,46 +113,48 @@ def test_output_filters_signature_names_lists_and_every_wire_dtype_are_native(
     inputs["age"] = np.array([[18], [40], [-3]], np.int16)
     inputs["hour"] = np.array([[1], [2], [-3]], np.int8)
     inputs["city"] = np.array(["Hangzhou", "東京", ""], dtype=object)
-    _assert_native(demo_processor, inputs)
-    _close_to_reference(demo_processor.predict(inputs), demo_reference.predict(inputs))
+    _assert_native(processor, inputs)
+    _close_to_reference(processor.predict(inputs), demo_reference.predict(inputs))
     # Lists (as JSON handlers may pass them): ids and strings (a list of floats is float64,
     # which the signature refuses for a float32 input).
     as_lists = {name: value.tolist() if value.dtype != np.float32 else value
                 for name, value in demo.sample_inputs(5, rng).items()}
-    _assert_native(demo_processor, as_lists)
+    _assert_native(processor, as_lists)
     for strings in (np.array(["Beijing", "北京", "nowhere"]), np.array([b"Beijing", b"x\x00y", b""]),
                     ["Beijing", b"Shanghai", ""], np.array(["Beijing", b"Shanghai", "", "東京", b"\xff\xfe"] * 20, dtype=object)):
         inputs = demo.sample_inputs(len(strings), rng)
         inputs["city"] = strings
-        _assert_native(demo_processor, inputs)
+        _assert_native(processor, inputs)
 
 
-def test_requests_it_does_not_serve_are_the_python_routes(demo_processor: Processor, demo: DemoModel) -> None:
+def test_requests_it_does_not_serve_are_the_python_routes(processor: Processor, demo: DemoModel) -> None:
     rng = np.random.default_rng(7)
     inputs = demo.sample_inputs(3, rng)
     inputs["price"] = inputs["price"].astype(np.float16)   # no native reader: served by Python
-    _assert_native(demo_processor, inputs, native=False)
+    _assert_native(processor, inputs, native=False)
     inputs = demo.sample_inputs(3, rng)
     inputs["city"] = np.array([b"a", 5, b"c"], dtype=object)  # not strings: Python's error
     with pytest.raises(RecserveError):
-        _python_predict(demo_processor, inputs)
+        _python_predict(processor, inputs)
     traced = RequestTrace(want_ort_profile=True)
     inputs = demo.sample_inputs(2, rng)
-    before = _served(demo_processor)
-    _assert_same(demo_processor.predict(inputs, trace=traced), _python_predict(demo_processor, inputs))
-    assert traced.ort_profile_path is not None and _served(demo_processor) == before
+    before = _served(processor)
+    _assert_same(processor.predict(inputs, trace=traced), _python_predict(processor, inputs))
+    assert traced.ort_profile_path is not None and _served(processor) == before
 
 
-def test_a_natively_served_predict_is_traced(demo_processor: Processor, demo: DemoModel) -> None:
+def test_a_natively_served_predict_is_traced(processor: Processor, demo: DemoModel) -> None:
     inputs = demo.sample_inputs(4, np.random.default_rng(8))
-    demo_processor.predict(inputs)
-    before = _served(demo_processor)
+    processor.predict(inputs)
+    before = _served(processor)
     trace = RequestTrace()
-    demo_processor.predict(inputs, trace=trace)
-    assert _served(demo_processor) == before + 1
-    assert trace.batch_size == 4 and trace.model_version == demo_processor.model_info()["version"]
+    processor.predict(inputs, trace=trace)
+    assert _served(processor) == before + 1
+    assert trace.batch_size == 4 and trace.model_version == processor.model_info()["version"]
     assert [span.stage for span in trace.spans] == ["lookup", "run"]   # as Servable.predict traces
     assert all(0 < span.end_ns - span.start_ns < 10**10 for span in trace.spans)
+    # the C call's wall time, the GIL released (the server's InlinePolicy weighs it)
+    assert trace.released_ns == trace.spans[-1].end_ns - trace.spans[0].start_ns
 
 
 def _bad_requests(demo: DemoModel) -> list[tuple[dict[str, Any], Sequence[str] | None, str | None]]:
@@ -192,19 +187,19 @@ def _bad_requests(demo: DemoModel) -> list[tuple[dict[str, Any], Sequence[str] |
     ]
 
 
-def test_bad_requests_raise_the_python_routes_errors(demo_processor: Processor, demo: DemoModel,
+def test_bad_requests_raise_the_python_routes_errors(processor: Processor, demo: DemoModel,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     for inputs, outputs, signature_name in _bad_requests(demo):
         for _ in range(2):   # the second time too: nothing about it is cached as servable
             with monkeypatch.context() as m, pytest.raises(RecserveError) as want:
                 m.setattr(native_predict, "_process_values", None)   # Processor.predict as it was
-                demo_processor.predict(inputs, outputs, signature_name=signature_name)
-            before = _served(demo_processor)
+                processor.predict(inputs, outputs, signature_name=signature_name)
+            before = _served(processor)
             with pytest.raises(RecserveError) as got:
-                demo_processor.predict(inputs, outputs, signature_name=signature_name)
+                processor.predict(inputs, outputs, signature_name=signature_name)
             assert type(got.value) is type(want.value)
             assert got.value.message == want.value.message
-            assert _served(demo_processor) == before
+            assert _served(processor) == before
 
 
 def test_the_plain_dlrm_model_is_native_and_equals_onnxruntime(plain_processor: Processor, plain) -> None:
@@ -322,18 +317,18 @@ def test_edge_shapes_answer_as_the_python_route(dtypes_processor: Processor, mon
                     _assert_same(got, want)
 
 
-def test_threads_get_exact_answers(demo_processor: Processor, demo: DemoModel, plain_processor: Processor,
+def test_threads_get_exact_answers(processor: Processor, demo: DemoModel, plain_processor: Processor,
                                    plain) -> None:
     rng = np.random.default_rng(12)
     cases = []
     for i in range(48):
         if i % 3:
             inputs = demo.sample_inputs(int(rng.integers(1, 20)), rng)
-            cases.append((demo_processor, inputs, _python_predict(demo_processor, inputs)))
+            cases.append((processor, inputs, _python_predict(processor, inputs)))
         else:
             inputs = plain.sample(int(rng.integers(1, 20)), rng)
             cases.append((plain_processor, inputs, _python_predict(plain_processor, inputs)))
-    before = _served(demo_processor) + _served(plain_processor)
+    before = _served(processor) + _served(plain_processor)
 
     def worker(offset: int) -> None:
         for round_ in range(3):
@@ -345,7 +340,7 @@ def test_threads_get_exact_answers(demo_processor: Processor, demo: DemoModel, p
     # Every request is served natively but the first of each request shape on each thread
     # (at worst: threads meeting a new shape at once each miss its route).
     shapes = {(id(processor), next(iter(inputs.values())).shape[0]) for processor, inputs, _ in cases}
-    assert _served(demo_processor) + _served(plain_processor) - before >= 4 * 3 * len(cases) - 4 * len(shapes)
+    assert _served(processor) + _served(plain_processor) - before >= 4 * 3 * len(cases) - 4 * len(shapes)
 
 
 def test_string_keyed_inputs_are_native_and_equal_the_reference(tmp_path: Path) -> None:

@@ -51,42 +51,35 @@ def _assert_native_equals_python(processor: Processor, data: bytes, monkeypatch:
     assert _served(processor) == before + (1 if native else 0)
 
 
-@pytest.fixture(scope="module")
-def demo_processor(demo: DemoModel) -> Iterator[Processor]:
-    p = Processor(demo.config_path.read_text())
-    yield p
-    p.close()
-
-
 def test_the_demo_model_is_served_natively_byte_for_byte(
-    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+    processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert demo_processor.model_info()["native_route"]["enabled"]
+    assert processor.model_info()["native_route"]["enabled"]
     rng = np.random.default_rng(21)
     for batch in (1, 2, 3, 8, 64):
-        _assert_native_equals_python(demo_processor, encode_request(demo.sample_inputs(batch, rng)), monkeypatch)
+        _assert_native_equals_python(processor, encode_request(demo.sample_inputs(batch, rng)), monkeypatch)
     inputs = demo.sample_inputs(2, rng)
     renamed = {("user_id:0" if k == "user_id" else k): v for k, v in inputs.items()}
     for request, output_filter in ((inputs, ["prob"]), (renamed, ["logits", "prob"]), (inputs, [])):
-        _assert_native_equals_python(demo_processor, encode_request(request, output_filter=output_filter), monkeypatch)
+        _assert_native_equals_python(processor, encode_request(request, output_filter=output_filter), monkeypatch)
 
 
 def test_narrow_integers_and_strings_are_native_and_halves_stay_in_python(
-    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+    processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inputs = demo.sample_inputs(3, np.random.default_rng(8))
     inputs["user_id"] = np.array([-5, 7, 2**31 - 1], np.int32)
     inputs["item_id"] = inputs["item_id"].astype(np.uint16)
     inputs["age"] = np.array([[18], [40], [-3]], np.int16)   # int16 on the wire, float32 to the graph
     inputs["city"] = np.array([b"Hangzhou", "東京".encode(), b""], dtype=object)
-    _assert_native_equals_python(demo_processor, encode_request(inputs), monkeypatch)
+    _assert_native_equals_python(processor, encode_request(inputs), monkeypatch)
     # float16 values have no native reader: the layout is served by Python every time, its
     # first request counted as a route miss, every later one as not native.
     inputs["price"] = inputs["price"].astype(np.float16)
-    before = demo_processor.model_info()["native_route"]["fallbacks"]
-    _assert_native_equals_python(demo_processor, encode_request(inputs), monkeypatch, native=False)
-    assert demo_processor.process(encode_request(inputs))[0] == 200
-    after = demo_processor.model_info()["native_route"]["fallbacks"]
+    before = processor.model_info()["native_route"]["fallbacks"]
+    _assert_native_equals_python(processor, encode_request(inputs), monkeypatch, native=False)
+    assert processor.process(encode_request(inputs))[0] == 200
+    after = processor.model_info()["native_route"]["fallbacks"]
     assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {"route_miss": 1, "not_native": 2}
 
 
@@ -111,18 +104,18 @@ def test_the_plain_dlrm_model_with_its_folded_concat_is_native(
 
 
 def test_fallbacks_are_counted_by_reason(
-    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+    processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = encode_request(demo.sample_inputs(5, np.random.default_rng(30)))
 
     def fallbacks() -> dict[str, int]:
-        return demo_processor.model_info()["native_route"]["fallbacks"]
+        return processor.model_info()["native_route"]["fallbacks"]
 
     before = fallbacks()
-    assert demo_processor.process(data)[0] == 200          # a new layout
-    assert demo_processor.process(b"\x0a\xff")[0] == 400  # bytes the C parser declines
+    assert processor.process(data)[0] == 200          # a new layout
+    assert processor.process(b"\x0a\xff")[0] == 400  # bytes the C parser declines
     traced = RequestTrace(want_ort_profile=True)
-    assert demo_processor.process(data, trace=traced)[0] == 200
+    assert processor.process(data, trace=traced)[0] == 200
     assert traced.ort_profile_path is not None
     after = fallbacks()
     assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {
@@ -225,15 +218,15 @@ def test_threads_serve_natively_while_versions_swap(
 
 
 def test_bytes_like_requests_are_served_natively(
-    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+    processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = encode_request(demo.sample_inputs(6, np.random.default_rng(60)))
-    want = _python_route(demo_processor, data, monkeypatch)
-    demo_processor.process(data)
-    before = _served(demo_processor)
-    assert demo_processor.process(bytearray(data)) == want   # the HTTP server's bodies
-    assert demo_processor.process(memoryview(data)) == want
-    assert _served(demo_processor) == before + 2
+    want = _python_route(processor, data, monkeypatch)
+    processor.process(data)
+    before = _served(processor)
+    assert processor.process(bytearray(data)) == want   # the HTTP server's bodies
+    assert processor.process(memoryview(data)) == want
+    assert _served(processor) == before + 2
 
 
 def test_default_rows_are_served_natively_like_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,6 +297,7 @@ def test_python_threads_get_the_python_routes_bytes_at_once(
                 assert plain_processor.process(body, trace=trace) == expected[j]
                 assert [s.stage for s in trace.spans] == ["decode", "lookup", "run", "encode"]
                 assert all(s.end_ns >= s.start_ns for s in trace.spans)
+                assert trace.released_ns == trace.spans[-1].end_ns - trace.spans[0].start_ns > 0
                 assert (trace.batch_size, trace.model_version) == (batches[j], version)
             else:
                 assert plain_processor.process(body) == expected[j]
@@ -314,25 +308,25 @@ def test_python_threads_get_the_python_routes_bytes_at_once(
 
 
 def test_bad_bytes_like_bodies_get_the_python_routes_error(
-    demo_processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
+    processor: Processor, demo: DemoModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = encode_request(demo.sample_inputs(2, np.random.default_rng(61)))
-    demo_processor.process(data)   # the layout has a route: only the bytes below decide
+    processor.process(data)   # the layout has a route: only the bytes below decide
     for bad in (data[:-3], b"\x0a\xff"):
-        want = _python_route(demo_processor, bad, monkeypatch)
+        want = _python_route(processor, bad, monkeypatch)
         assert want[0] == 400 and b"not a valid tensorflow.eas.PredictRequest" in want[1]
         for body in (bad, bytearray(bad), memoryview(bad), memoryview(b"xx" + bad)[2:]):
-            assert demo_processor.process(body) == want
+            assert processor.process(body) == want
     # A body that is one buffer, but not contiguous, is the Python route's too (it copies it).
     strided = memoryview(bytearray(data * 2))[::2]
-    assert demo_processor.process(strided) == _python_route(demo_processor, strided, monkeypatch)
+    assert processor.process(strided) == _python_route(processor, strided, monkeypatch)
 
 
-def test_the_route_call_module_refuses_bad_arguments(demo_processor: Processor) -> None:
+def test_the_route_call_module_refuses_bad_arguments(processor: Processor) -> None:
     """_route_call is internal, but a wrong call must raise, never crash the process."""
     from recserve.processor import _route_call
 
-    slot = demo_processor.route_slot.address
+    slot = processor.route_slot.address
     with pytest.raises(TypeError, match=r"process\(slot, data\) takes 2 arguments, not 1"):
         _route_call.process(slot)
     with pytest.raises(ValueError, match="the slot address must not be 0"):

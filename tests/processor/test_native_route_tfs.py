@@ -278,14 +278,7 @@ def test_eas_entries_of_every_size_are_native_byte_for_byte(dtype_model, monkeyp
 
 # --- the demo model: embedding lookups, string ids, unknown ids ------------------------------
 
-@pytest.fixture(scope="module")
-def demo_processor(demo: DemoModel) -> Iterator[Processor]:
-    p = Processor(demo.config_path.read_text())
-    yield p
-    p.close()
-
-
-def test_the_demo_model_is_native_and_answers_like_the_reference(demo_processor: Processor, demo: DemoModel) -> None:
+def test_the_demo_model_is_native_and_answers_like_the_reference(processor: Processor, demo: DemoModel) -> None:
     reference = Reference(demo.model_dir, demo.version_dir)
     rng = np.random.default_rng(36)
     for n in range(40):
@@ -299,8 +292,8 @@ def test_the_demo_model_is_native_and_answers_like_the_reference(demo_processor:
             tensors[name] = _tensor(value, "fill" if n % 7 == 3 and value.dtype != object else form, rng)
         output_filter = ((), ("probabilities",), ("logits", "probabilities"))[n % 3]
         data = _request(tensors, output_filter)
-        want = _python_route(demo_processor, data)
-        got, moved = _native(demo_processor, data)
+        want = _python_route(processor, data)
+        got, moved = _native(processor, data)
         assert moved == {"served": 1}, (n, moved)
         assert got == want, n
         expected = reference.predict({k: read for k, (_, read) in tensors.items()})

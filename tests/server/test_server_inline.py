@@ -11,7 +11,12 @@ import pytest
 
 from recserve.errors import ConfigError
 from recserve.server.inline_policy import InlinePolicy
-from recserve.server.settings import DEFAULT_INLINE_MAX_BYTES, DEFAULT_INLINE_MAX_MS, ServerSettings
+from recserve.server.settings import (
+    DEFAULT_INLINE_MAX_BYTES,
+    DEFAULT_INLINE_MAX_MS,
+    DEFAULT_INLINE_MAX_RELEASED_MS,
+    ServerSettings,
+)
 from recserve.wire.codec import encode_request
 
 
@@ -33,18 +38,38 @@ def test_zero_milliseconds_turns_inline_runs_off() -> None:
     assert not policy.inline("m", 10)
 
 
+def test_a_long_gil_free_part_sends_a_fast_model_to_the_workers() -> None:
+    # 0.4 ms of 0.45 in C with the GIL released: a worker overlaps it with the loop's work.
+    policy = InlinePolicy(max_bytes=1000, max_seconds=0.001, max_released_seconds=0.0001)
+    policy.record("long", 0.00045, released=0.0004)
+    assert not policy.inline("long", 10)
+    policy.record("short", 0.00005, released=0.00002)  # batch 1: the hop would cost more
+    assert policy.inline("short", 10)
+    for _ in range(200):
+        policy.record("short", 0.00045, released=0.0004)  # its requests grew: to the workers
+    assert not policy.inline("short", 10)
+    unlimited = InlinePolicy(max_bytes=1000, max_seconds=0.001)  # the default: no limit
+    unlimited.record("long", 0.00045, released=0.0004)
+    assert unlimited.inline("long", 10)
+
+
 def test_settings_read_the_inline_limits_from_the_environment() -> None:
     defaults = ServerSettings.resolve([], env={})
-    assert (defaults.inline_max_bytes, defaults.inline_max_ms) == (DEFAULT_INLINE_MAX_BYTES, DEFAULT_INLINE_MAX_MS)
-    set_ = ServerSettings.resolve([], env={"RECSERVE_INLINE_MAX_BYTES": "4096", "RECSERVE_INLINE_MAX_MS": "0.5"})
-    assert (set_.inline_max_bytes, set_.inline_max_ms) == (4096, 0.5)
-    for name, raw in (("RECSERVE_INLINE_MAX_MS", "fast"), ("RECSERVE_INLINE_MAX_BYTES", "-1")):
+    assert (defaults.inline_max_bytes, defaults.inline_max_ms, defaults.inline_max_released_ms) == (
+        DEFAULT_INLINE_MAX_BYTES, DEFAULT_INLINE_MAX_MS, DEFAULT_INLINE_MAX_RELEASED_MS)
+    assert DEFAULT_INLINE_MAX_RELEASED_MS == float("inf")  # off unless asked for (README, "Server")
+    set_ = ServerSettings.resolve([], env={"RECSERVE_INLINE_MAX_BYTES": "4096", "RECSERVE_INLINE_MAX_MS": "0.5",
+                                           "RECSERVE_INLINE_MAX_RELEASED_MS": "0.1"})
+    assert (set_.inline_max_bytes, set_.inline_max_ms, set_.inline_max_released_ms) == (4096, 0.5, 0.1)
+    for name, raw in (("RECSERVE_INLINE_MAX_MS", "fast"), ("RECSERVE_INLINE_MAX_BYTES", "-1"),
+                      ("RECSERVE_INLINE_MAX_MS", "inf"), ("RECSERVE_INLINE_MAX_RELEASED_MS", "-0.1")):
         with pytest.raises(ConfigError, match=f"{name} must be a number >= 0.*got '{raw}'"):
             ServerSettings.resolve([], env={name: raw})
 
 
-def test_inline_and_worker_runs_answer_the_same_bytes(server, launch, demo) -> None:
-    off = launch(json.loads(demo.config_path.read_text()), env={"RECSERVE_INLINE_MAX_MS": "0"})
+@pytest.mark.parametrize("env", [{"RECSERVE_INLINE_MAX_MS": "0"}, {"RECSERVE_INLINE_MAX_RELEASED_MS": "0"}])
+def test_inline_and_worker_runs_answer_the_same_bytes(server, launch, demo, env) -> None:
+    off = launch(json.loads(demo.config_path.read_text()), env=env)
     rng = np.random.default_rng(5)
     bodies = [encode_request(demo.sample_inputs(batch, rng)) for batch in (1, 3, 64)]
     with httpx.Client() as client:
