@@ -162,6 +162,9 @@ def test_native_merging_answers_each_caller_as_alone_and_as_python_merging(
     assert [traces[i].batch_size for i in (0, 1, 3, 6, 7)] == [1, 3, 64, 1, 2]
     assert all([s.stage for s in traces[i].spans] == ["decode", "lookup", "run", "encode"] for i in (0, 1, 3, 6, 7))
     assert all(traces[i].model_version == traces[0].model_version != "" for i in (1, 3, 6, 7))
+    # The shared C call's GIL-free time, the same on each (recserve.server.merging weighs it).
+    (released,) = {traces[i].released_ns for i in (0, 1, 3, 6, 7)}
+    assert released >= traces[3].spans[2].end_ns - traces[0].spans[0].start_ns > 0
     # Byte for byte each request's answer alone, and the Python merged path's.
     assert merged == [processor.process(b) for b in bodies]
     python, python_traces = _python_merging(processor, bodies, 256, monkeypatch)
