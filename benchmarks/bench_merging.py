@@ -110,26 +110,31 @@ under load the bare app's CPU per request rose more than recserve's, so those ra
 flattered recserve. Merging on: 0.91x / 0.995x. Merging on/off requests/s, idle: 1.44x
 (one process, p99 7.4 vs 9.1 ms) and 1.32x (--workers 2), merged calls still in Python.
 
-Issue 25, merging in C (the rows above, 2026-11-26 ~07:08 UTC, load average 4-6 from other
-agents): a merged call now goes to the native route first (rs_route_process_many,
+Issue 25, merging in C (2026-11-26 07:00-07:35 UTC, machine shared with other agents): a
+merged call now goes to the native route first (rs_route_process_many,
 native/route_merge.inc): each request parsed, keyed and looked up in C into its own
 buffers, the run's inputs concatenated and run once on ONNX Runtime's C API runner, each
 response encoded from its rows, the GIL released throughout; the Python merged path
 (recserve.processor.merged_runs) serves only what it declines. The handlers' CPU a request
-with merging on fell from 35 us (measured with `wrk -t2 -c64` before the change) to 6-9 us,
-against 33-46 us off; the server's CPU a request on 29-33 us against 64-92 us off (off's
-rises with the machine's load). Three on/off runs of the two throughput rows within half
-an hour: one process 2.31x, 3.09x (the table; off's p99 45 ms under load), 2.63x; an
-intermediate build had 1.80-1.87x (load 1-2) whose merged runs still went through the session
-group's dynamic batcher (max_batch_size > 0 gives the group one: a GIL-holding Python
-runner and a batcher-thread hop a run; merged runs now skip it, as
-SessionGroup.run(merged=True) does); `--workers 2` 2.48x, 2.11x, 2.41x (2.01x for the
-intermediate build). p99 lower with merging on in every run. Not measured on an idle
-machine: the ratios at load 4-8 may flatter merging as the front-end ratios above
-flattered recserve (off's CPU a request was 64-68 us at load 1-2, 85-92 us at load 4-8).
-The front-end and refusal rows of this table come from the same loaded run (this work did
-not touch the front end): batch 1 merging off's 1.28x "met" is that flattery (1.73x on the
-idle machine, above)."""
+with merging on fell from 35 us (measured with `wrk -t2 -c64` before the change) to 5-9 us.
+Before this branch took main's front-end work (the write coalescer, ddb6ba8): one process
+2.31x, 3.09x, 2.63x (load 4-6; off 64-92 us of server CPU a request, 27-38 us in its
+handler; on 29-33 us, 6-7 in its handler), `--workers 2` 2.48x, 2.11x, 2.41x. With it (the
+rows above at commit f3d62ab, load 2-3, and two more runs at load 1-2) off became cheaper
+(45-57 us a request, 17-21 in its handler) while on stayed 27-29 us (5-6 in its handler,
+22-23 outside it: less than a bare uvicorn app's whole request, 29-31 us): one process
+1.85x, 1.78x, 1.68x, `--workers 2` 1.53x, 1.52x, 1.44x, p99 lower with merging on in
+every run. The one-process 2x goal is not met on a lightly loaded machine. perf of the
+server with merging on (one process, wrk -t2 -c64, load ~1.5): Python 51% of its CPU, the
+kernel 29% (mostly the answers' writes waking wrk), ONNX Runtime 3.8%, the route 3.5%, the
+embedding engine 0.8%; merged calls averaged 31 requests. What a merged request costs now
+is the front end's per-request Python (HTTP parse, fast lane, the merger's queue,
+admission, trace, metrics) and the kernel, not its prediction: 2x needs the front end's
+per-request cost below ~22 us with merging on. Running merged calls on a worker thread
+(RECSERVE_INLINE_MAX_MS=0) was slower (33.8k vs 39.3k req/s). An intermediate build whose
+merged runs still went through the session group's dynamic batcher (max_batch_size > 0
+gives the group one: a GIL-holding Python runner and a batcher-thread hop a run; merged
+runs now skip it, as SessionGroup.run(merged=True) does) had 1.80-1.87x and 2.01x."""
 
 SECONDS = 5
 

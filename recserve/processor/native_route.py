@@ -233,11 +233,13 @@ class RouteSlot:
             for i, answer in zip(asked, _CALL.process_many(self._serving, [payloads[i] for i in asked], max_rows)):
                 served[i] = answer
         responses: list[bytes | None] = [None] * len(payloads)
-        first, last = 1 << 63, 0
+        first, last, version = 1 << 63, 0, None
         for i, answer in enumerate(served):
             if answer is not None:
                 responses[i], info = answer
-                _fill_merged_trace(traces[i], info)
+                if version is None:   # one lease: every served request's version is the first's
+                    version = _served_version(info[0])
+                _fill_merged_trace(traces[i], info, version)
                 first, last = min(first, info[3]), max(last, info[10])
         # The C call is shared: each served trace holds its whole GIL-free time (recserve.server.merging).
         for trace, response in zip(traces, responses):
@@ -275,11 +277,13 @@ def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
                         new(Span, ("run", t2, t3)), new(Span, ("encode", t3, t4))))
 
 
-def _fill_merged_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
-    """`_fill_trace` for a request rs_route_process_many served: its spans need not be back to
-    back (a merged request's run waits for its neighbours' lookups)."""
-    servable_id, batch, merged, t0, t1, lookup, t2, run, t3, encode, t4 = info   # _route_call.process_many's
-    trace_served_by(trace, servable_id, batch)
+def _fill_merged_trace(trace: RequestTrace, info: tuple[int, ...], version: tuple[str, int]) -> None:
+    """`_fill_trace` for a request rs_route_process_many served (`version`: its servable's
+    `_served_version`): its spans need not be back to back (a merged request's run waits for
+    its neighbours' lookups)."""
+    _, batch, merged, t0, t1, lookup, t2, run, t3, encode, t4 = info   # _route_call.process_many's
+    trace.model_version, trace.delta_step = version
+    trace.batch_size = batch
     trace.merged_with = merged
     new = tuple.__new__
     trace.spans.extend((new(Span, ("decode", t0, t1)), new(Span, ("lookup", lookup, t2)),
@@ -289,11 +293,15 @@ def _fill_merged_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
 def trace_served_by(trace: RequestTrace, servable_id: int, batch: int) -> None:
     """What a trace records of the version that served a request natively (by the servable
     id route.h's RS_INFO_SERVABLE reports) and of its batch."""
+    trace.model_version, trace.delta_step = _served_version(servable_id)
+    trace.batch_size = batch
+
+
+def _served_version(servable_id: int) -> tuple[str, int]:
+    """(version, delta step) of the native servable `servable_id` now."""
     version, ref = _served_by.get(servable_id, ("", _no_servable))
     servable = ref()
-    trace.model_version = version
-    trace.delta_step = servable.delta_step if servable is not None else 0
-    trace.batch_size = batch
+    return version, servable.delta_step if servable is not None else 0
 
 
 def _no_servable() -> None:

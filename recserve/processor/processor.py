@@ -252,21 +252,23 @@ class Processor:
         raises; one bad request fails only itself."""
         answers: list[tuple[int, bytes]] = [(0, b"")] * len(payloads)
         merge = [i for i, data in enumerate(payloads) if data]
-        for i, data in enumerate(payloads):
-            if not data:
-                answers[i] = self.process(data, trace=traces[i])
-        if merge:
-            # The native route first (rs_route_process_many): the same answers merged in C,
-            # the GIL released; the requests it does not serve take the Python path below.
+        if len(merge) < len(payloads):
+            for i, data in enumerate(payloads):
+                if not data:
+                    answers[i] = self.process(data, trace=traces[i])
             native = self._manager.route_slot.process_many(
-                [payloads[i] for i in merge], [traces[i] for i in merge], max_rows)
-            left = []
-            for i, response in zip(merge, native):
-                if response is None:
-                    left.append(i)
-                else:
-                    answers[i] = (200, response)
-            merge = left
+                [payloads[i] for i in merge], [traces[i] for i in merge], max_rows) if merge else []
+        else:   # the usual call: every payload a request
+            native = self._manager.route_slot.process_many(payloads, traces, max_rows)
+        # The native route first (rs_route_process_many): the same answers merged in C, the
+        # GIL released; the requests it does not serve take the Python path below.
+        left = []
+        for i, response in zip(merge, native):
+            if response is None:
+                left.append(i)
+            else:
+                answers[i] = (200, response)
+        merge = left
         if not merge:
             return answers
         try:
