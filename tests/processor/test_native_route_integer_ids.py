@@ -7,6 +7,8 @@ bytes, and the embeddings must equal the independent reference (recserve.export.
 
 from __future__ import annotations
 
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,8 @@ from recserve.model_spec import EmbeddingBinding
 from recserve.processor import servable as servable_module
 from recserve.wire import codec
 from recserve.wire.codec import decode_response, encode_request
-from tests.processor.test_native_route import _assert_native_equals_python, _python_route, _served
+from tests.processor.test_native_route import WAIT, _assert_native_equals_python, _python_route, _served
+from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
 
@@ -150,26 +153,49 @@ def test_an_empty_integer_vocabulary_is_keyed_natively(
         p.close()
 
 
-def test_a_new_version_builds_its_own_integer_vocabularies(
+def test_threads_key_integer_ids_natively_while_versions_swap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A swap serves the new version's rows through its own native vocabularies and frees
-    the old servable's (run under ASan by `make test-sanitize`)."""
-    import shutil
-
+    """Each version builds its own native integer vocabularies; a swap frees the old
+    servable's once its native requests end. Threads serving integer-vocabulary requests
+    throughout get one version's answer or the other's, never a mix or a crash (run under
+    ASan by `make test-sanitize`)."""
     model = build_int_vocabulary(tmp_path / "a", items=50)
     other = build_int_vocabulary(tmp_path / "b", items=50, seed=1)
+    shutil.copytree(other.checkpoint_dir / "1", model.checkpoint_dir / "2")   # other rows
     p = Processor(model.config())
     try:
-        old = p._manager.current.native
-        data = encode_request(_edge_request(model))
-        _assert_native_equals_python(p, data, monkeypatch)
-        first = p.process(data)
-        shutil.copytree(other.checkpoint_dir / "1", model.checkpoint_dir / "2")   # other rows
-        p.load_version("2")
-        assert p.model_info()["version"] == "2"
-        assert p._manager.current.native is not old and len(p._manager.current.native._vocabularies) == 3
-        _assert_native_equals_python(p, data, monkeypatch)
-        assert p.process(data) != first
+        rng = np.random.default_rng(41)
+        requests = [encode_request(_edge_request(model))] + [encode_request(model.sample(b, rng)) for b in (1, 3, 16)]
+        answers: dict[str, list[tuple[int, bytes]]] = {}
+        for version in ("1", "2"):
+            p.load_version(version)
+            assert len(p._manager.current.native._vocabularies) == 3
+            for r in requests:
+                _assert_native_equals_python(p, r, monkeypatch)
+            answers[version] = [_python_route(p, r, monkeypatch) for r in requests]
+        assert answers["1"] != answers["2"]
+        stop = threading.Event()
+
+        def hammer(k: int) -> int:
+            served, i = 0, k
+            while not stop.is_set():
+                j = i % len(requests)
+                got = p.process(requests[j])
+                assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
+                served += 1
+                i += 1
+            return served
+
+        before = _served(p)
+        workers = Threads([lambda k=k: hammer(k) for k in range(3)], "integer-vocabulary callers")
+        try:
+            for swap in range(6):
+                p.load_version("1" if swap % 2 else "2")
+                stop.wait(0.1)
+                workers.check()
+        finally:
+            stop.set()
+        assert sum(workers.join(WAIT)) > 0 and _served(p) > before
     finally:
         p.close()
