@@ -32,6 +32,7 @@ config, swap = json.loads(sys.argv[1]), sys.argv[2] == "swap"
 processor = Processor(config)
 if swap:
     rows, dim = json.loads(sys.argv[3])
+    before = anon()  # version 1 loaded: one table
     values = np.random.default_rng(7).standard_normal((rows, dim), dtype=np.float32)
     write_checkpoint(config["checkpoint_dir"], {"big": (np.arange(rows, dtype=np.int64), values)}, global_step=2)
     del values
@@ -40,7 +41,12 @@ if swap:
         time.sleep(0.05)
     assert processor.model_info()["version"] == "2", processor.model_info()
     processor.predict({"id": np.arange(4)})  # a request on the new version, as serving would
-    time.sleep(2)  # the retired version is closed on the manager's thread
+    # The retired version is closed on the manager's thread, soon on an idle machine and
+    # later on a loaded one: wait (bounded) until the memory is back to one table's worth;
+    # if it never is, the parent's comparison fails with the figures.
+    deadline = time.monotonic() + 60
+    while anon() > before + rows * dim * 4 // 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
 assert processor.model_info()["version"] == "2"
 print(json.dumps({"anon": anon()}))
 processor.close()
