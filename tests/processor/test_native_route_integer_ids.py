@@ -24,6 +24,10 @@ from recserve.processor import servable as servable_module
 from recserve.wire import codec
 from recserve.wire.codec import decode_response, encode_request
 from tests.processor.test_native_route import WAIT, _assert_native_equals_python, _python_route, _served
+from tests.processor.test_native_route_tfs import _native as _tfs_native
+from tests.processor.test_native_route_tfs import _python_route as _tfs_python_route
+from tests.processor.test_native_route_tfs import _request as _tfs_request
+from tests.processor.test_native_route_tfs import _tensor
 from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
@@ -109,6 +113,20 @@ def test_native_predict_keys_integer_ids_without_consuming_the_request(
         for key, value in kept.items():
             np.testing.assert_array_equal(request[key], value)
     assert _served(processor) == served + 2
+
+
+@pytest.mark.parametrize("form", ["content", "val", "fill"])
+def test_tf_serving_requests_key_integer_ids_natively(processor: Processor, model: IntVocabularyModel,
+                                                      form: str) -> None:
+    """A tensorflow.serving.PredictRequest of the same ids (tensor_content, every *_val, or
+    *_val filled by repeating its last id) is keyed natively too: the outputs are the bytes
+    the Python route writes."""
+    rng = np.random.default_rng(51)
+    request = _edge_request(model)
+    data = _tfs_request({name: _tensor(value, form, rng) for name, value in request.items()})
+    got, moved = _tfs_native(processor, data)
+    assert moved == {"served": 1}
+    assert got == _tfs_python_route(processor, data)
 
 
 def test_integer_keys_spec() -> None:
