@@ -73,7 +73,8 @@ SANITIZE_TESTS ?= tests/wire $(wildcard tests/embedding/test_embedding_*.py) tes
                   tests/processor/test_processor_parity.py tests/processor/test_batching.py \
                   tests/processor/test_request_route.py tests/processor/test_native_route.py \
                   tests/processor/test_native_route_strings.py tests/processor/test_native_route_tfs.py \
-                  tests/processor/test_native_predict.py tests/processor/test_merged_runs.py \
+                  tests/processor/test_native_predict.py tests/processor/test_native_route_integer_ids.py \
+                  tests/processor/test_merged_runs.py \
                   tests/runtime/test_native_runner.py
 SANITIZE_SKIP  ?= not never_sits_in_memory and not memory_does_not_grow
 SANITIZE_ENV    = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \

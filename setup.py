@@ -77,9 +77,9 @@ NATIVE = [
     # through function pointers it is given, so tables stay those of the engine Python loaded.
     SharedLibrary(
         "recserve.processor.librecserve_route",
-        sources=["native/route.c", "native/route_vocabulary.c", "native/codec.c"],
-        depends=["native/route.h", "native/route_vocabulary.h", "native/dense_run.h", "native/codec.h",
-                 "native/embedding.h", "native/route_values.inc", "native/route_merge.inc"],
+        sources=["native/route.c", "native/route_vocabulary.c", "native/route_int_vocabulary.c", "native/codec.c"],
+        depends=["native/route.h", "native/route_vocabulary.h", "native/route_int_vocabulary.h", "native/dense_run.h",
+                 "native/codec.h", "native/embedding.h", "native/route_values.inc", "native/route_merge.inc"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS + ["-pthread"],
         extra_link_args=["-pthread", *LDFLAGS],

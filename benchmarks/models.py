@@ -261,3 +261,89 @@ def build_string_keyed(
     checkpoint_dir = root / "string_checkpoints"
     write_checkpoint(checkpoint_dir, tables, global_step=1)
     return StringKeyedModel(root, model_dir, checkpoint_dir, buckets, tag_buckets, items, length)
+
+
+# The integer-vocabulary model's lists. SHOPS: an id listed twice (its last index is its
+# key), a gap (None: a key no id has), -1 (padding whatever the list says), ids past 2**32.
+SHOPS = (7, 42, 1 << 33, -5, 42, None, 0, 123_456_789, -1, 9, (1 << 62) + 3)
+BRANDS = (3, 1, 4, 15, 92, 65, 35)
+
+
+@dataclass
+class IntVocabularyModel:
+    """The shape of a converted SavedModel's integer vocabulary columns (feature columns'
+    categorical_column_with_vocabulary_list of ints: -1 padding; unknown ids dropped or to a
+    default id) and of a Keras IntegerLookup (-1 an id like any other, listed here; keys from
+    1, unknown ids to 0), plus dense features into an MLP."""
+
+    root: Path
+    model_dir: Path
+    checkpoint_dir: Path
+    items: tuple[int, ...]
+    length: int
+
+    def config(self, **extra: object) -> dict[str, object]:
+        return {"savedmodel_dir": str(self.model_dir), "checkpoint_dir": str(self.checkpoint_dir), **extra}
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Listed ids, -1, and unknown ones: negative, beyond 2**32, int64's extremes."""
+        def column(pool: tuple[int | None, ...], shape: tuple[int, ...]) -> np.ndarray:
+            known = np.array([i for i in pool if i is not None], dtype=np.int64)
+            roll = rng.random(shape)
+            out = known[rng.integers(len(known), size=shape)]
+            out = np.where(roll < 0.15, -1, out)
+            out = np.where((roll >= 0.15) & (roll < 0.2), -rng.integers(2, 1 << 40, size=shape), out)
+            out = np.where((roll >= 0.2) & (roll < 0.25), rng.integers(1 << 32, 1 << 62, size=shape), out)
+            out = np.where((roll >= 0.25) & (roll < 0.27), rng.choice([-(1 << 63), (1 << 63) - 1, 1 << 32], shape), out)
+            return out.astype(np.int64)
+
+        return {
+            "shop": column(SHOPS, (batch, self.length)),
+            "brand": column(BRANDS, (batch,)),
+            "item": column(self.items, (batch,)),
+            "dense": rng.random((batch, 4), dtype=np.float32),
+        }
+
+
+def build_int_vocabulary(root: Path, *, dim: int = 16, items: int = 5000, length: int = 3,
+                         hidden: tuple[int, ...] = (64,), seed: int = 0) -> IntVocabularyModel:
+    """Three integer-vocabulary bindings (see IntVocabularyModel): `shop` ([batch, length],
+    mean; SHOPS), `brand` (one id; unknown ids to key 1, as TensorFlow's default_value=1),
+    `item` (Keras IntegerLookup's keying of `items` random ids, -1 among them: keys from 1,
+    unknown ids 0, -1 looked up). Every table misses some keys (their rows are the default).
+    Outputs `prob` and `features`, the MLP's input, where the embeddings can be read."""
+    rng = np.random.default_rng(seed)
+    distinct = rng.permutation(np.unique(rng.integers(0, 1 << 40, 2 * items))[: items - 1])
+    item_ids = (-1, *(int(i) for i in distinct))
+    normal = DefaultSpec(kind="normal", stddev=0.5, seed=3)
+    bindings = (
+        EmbeddingBinding(input="shop", table="shops", dim=dim, graph_input="e_shop", vocabulary=SHOPS,
+                         combiner="mean"),
+        EmbeddingBinding(input="brand", table="brands", dim=dim, graph_input="e_brand", vocabulary=BRANDS,
+                         default_id=1, default=normal),
+        EmbeddingBinding(input="item", table="items", dim=dim, graph_input="e_item", vocabulary=item_ids,
+                         vocabulary_start=1, default_id=0, empty_is_padding=False),
+    )
+    parts = ["dense"] + [b.graph_input for b in bindings]
+    inputs = [helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", 4])]
+    inputs += [helper.make_tensor_value_info(b.graph_input, TensorProto.FLOAT, ["batch", dim]) for b in bindings]
+    width = 4 + len(bindings) * dim
+    concat = helper.make_node("Concat", parts, ["features"], axis=1)
+    nodes, inits = _mlp([width, *hidden, 1], rng)
+    outputs = [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 1]),
+               helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", width])]
+    graph = helper.make_graph([concat, *nodes], "int_vocabulary", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    spec = ModelSpec(embeddings=bindings, signatures={"serving_default": SignatureSpec(
+        inputs={b.input: b.input for b in bindings} | {"dense": "dense"},
+        outputs={"prob": "prob", "features": "features"})})
+    model_dir = Path(write_model_dir(root / "int_vocabulary_model", model, spec))
+
+    def rows(keys: range) -> tuple[np.ndarray, np.ndarray]:
+        return np.array(keys, dtype=np.int64), rng.standard_normal((len(keys), dim), dtype=np.float32)
+
+    tables = {"shops": rows(range(0, len(SHOPS), 2)), "brands": rows(range(1, len(BRANDS), 2)),
+              "items": rows(range(0, items + 1, 2))}   # key 0 (unknown items) has a row
+    checkpoint_dir = root / "int_vocabulary_checkpoints"
+    write_checkpoint(checkpoint_dir, tables, global_step=1)
+    return IntVocabularyModel(root, model_dir, checkpoint_dir, item_ids, length)

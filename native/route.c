@@ -2,7 +2,8 @@
  *
  * A compiled route is the C twin of recserve.processor.request_route.RequestRoute for one
  * request layout: which string-id spans of the parser's values buffer to key in place (XXH64,
- * hash buckets, or a vocabulary built once per servable: route_vocabulary.h), the
+ * hash buckets, or a vocabulary built once per servable: route_vocabulary.h) and which int64
+ * ids to key in place through an integer vocabulary (route_int_vocabulary.h), the
  * lookup plan's tasks (rs_lookup_at, offsets from the values buffer and the output arena),
  * the dense inputs as (slot, wire kind, count) -> (ONNX type, shape) copies, the folded Concat
  * input if the session group has one, and the outputs to ask for and how to name them. Every
@@ -18,6 +19,7 @@
 #include <time.h>
 
 #include "codec.h"
+#include "route_int_vocabulary.h"
 #include "route_vocabulary.h"
 
 #define ROUTE_FORMAT 2
@@ -28,8 +30,10 @@
 enum { SRC_INT64 = 0, SRC_FLOAT32 = 1, SRC_FLOAT64 = 2 };
 /* How a string input's ids become keys (recserve.embedding.StringKeys): XXH64; TensorFlow's
  * StringToHashBucketFast (Fingerprint64 modulo a bucket count); a vocabulary's index. */
-/* KEY_BUCKETS_EMPTY: buckets where '' is a string like any other (Keras's Hashing layer), not padding. */
-enum { KEY_XXH64 = 0, KEY_BUCKETS = 1, KEY_VOCABULARY = 2, KEY_BUCKETS_EMPTY = 3 };
+/* KEY_BUCKETS_EMPTY: buckets where '' is a string like any other (Keras's Hashing layer), not padding.
+ * KEY_INT_VOCABULARY: int64 ids (one slot each, not string spans) through an integer
+ * vocabulary (recserve.embedding.IntegerKeys). */
+enum { KEY_XXH64 = 0, KEY_BUCKETS = 1, KEY_VOCABULARY = 2, KEY_BUCKETS_EMPTY = 3, KEY_INT_VOCABULARY = 4 };
 /* tensorflow.eas.ArrayDataType values the encoder writes. */
 enum { DT_FLOAT = 1, DT_DOUBLE = 2, DT_INT32 = 3, DT_INT64 = 9, DT_BOOL = 10 };
 
@@ -49,10 +53,12 @@ typedef struct {
 } bound_input;
 
 typedef struct {
-    int64_t first, stop; /* its (start, length) pairs in the values buffer, keyed in place */
+    int64_t first, stop; /* its (start, length) pairs in the values buffer (KEY_INT_VOCABULARY:
+                            its int64 ids), keyed in place */
     int64_t key;         /* KEY_* */
     uint64_t buckets;    /* KEY_BUCKETS */
     const rs_vocabulary* vocabulary; /* KEY_VOCABULARY: one of the servable's */
+    const rs_int_vocabulary* int_vocabulary; /* KEY_INT_VOCABULARY: one of the servable's */
 } string_input;
 
 typedef struct {
@@ -94,8 +100,9 @@ typedef struct {
  * the read-mostly ones (measured: a demo-model request cost 40% more CPU at 2 threads). */
 #define LINE 64
 
-struct vocabulary_node {
+struct vocabulary_node { /* one of the two is set */
     rs_vocabulary* vocabulary;
+    rs_int_vocabulary* int_vocabulary;
     struct vocabulary_node* next;
 };
 
@@ -234,6 +241,14 @@ void rs_servable_set_merged_run(rs_servable* s, rs_dense_run_fn run, void* runne
     }
 }
 
+static void push_vocabulary(rs_servable* s, struct vocabulary_node* node) {
+    node->next = atomic_load(&s->vocabularies);
+    /* Release: a compile that finds the node sees the vocabulary fully built. */
+    while (!atomic_compare_exchange_weak_explicit(&s->vocabularies, &node->next, node, memory_order_release,
+                                                  memory_order_relaxed)) {
+    }
+}
+
 int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
                                    const int64_t* indices, int64_t n, int64_t default_id, int64_t oov_buckets,
                                    int64_t oov_start, int32_t empty_is_padding) {
@@ -247,20 +262,38 @@ int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const i
         free(node);
         return 0;
     }
-    node->vocabulary = v;
-    node->next = atomic_load(&s->vocabularies);
-    /* Release: a compile that finds the node sees the vocabulary fully built. */
-    while (!atomic_compare_exchange_weak_explicit(&s->vocabularies, &node->next, node, memory_order_release,
-                                                  memory_order_relaxed)) {
+    *node = (struct vocabulary_node){v, NULL, NULL};
+    push_vocabulary(s, node);
+    return (int64_t)(intptr_t)v;
+}
+
+int64_t rs_servable_add_int_vocabulary(rs_servable* s, const int64_t* ids, const int64_t* keys, int64_t n,
+                                       int64_t default_id, int32_t padding) {
+    if (!s)
+        return 0;
+    struct vocabulary_node* node = malloc(sizeof *node);
+    rs_int_vocabulary* v = node ? rs_int_vocabulary_build(ids, keys, n, default_id, padding) : NULL;
+    if (!v) {
+        free(node);
+        return 0;
     }
+    *node = (struct vocabulary_node){NULL, v, NULL};
+    push_vocabulary(s, node);
     return (int64_t)(intptr_t)v;
 }
 
 /* The servable's vocabulary whose handle is `handle`, or NULL: a description names only these. */
 static const rs_vocabulary* vocabulary_of(rs_servable* s, int64_t handle) {
     for (struct vocabulary_node* n = atomic_load_explicit(&s->vocabularies, memory_order_acquire); n; n = n->next)
-        if ((int64_t)(intptr_t)n->vocabulary == handle)
+        if (n->vocabulary && (int64_t)(intptr_t)n->vocabulary == handle)
             return n->vocabulary;
+    return NULL;
+}
+
+static const rs_int_vocabulary* int_vocabulary_of(rs_servable* s, int64_t handle) {
+    for (struct vocabulary_node* n = atomic_load_explicit(&s->vocabularies, memory_order_acquire); n; n = n->next)
+        if (n->int_vocabulary && (int64_t)(intptr_t)n->int_vocabulary == handle)
+            return n->int_vocabulary;
     return NULL;
 }
 
@@ -303,6 +336,7 @@ void rs_servable_free(rs_servable* s) {
     for (struct vocabulary_node* n = atomic_load(&s->vocabularies); n;) {
         struct vocabulary_node* next = n->next;
         rs_vocabulary_free(n->vocabulary);
+        rs_int_vocabulary_free(n->int_vocabulary);
         free(n);
         n = next;
     }
@@ -404,7 +438,7 @@ static route* compile(rs_servable* s, const int64_t* ints, int64_t n_ints, const
         in->stop = next(&r);
         in->key = next(&r);
         int64_t arg = next(&r);
-        if (in->first < 0 || in->stop < in->first || (in->stop - in->first) % 2)
+        if (in->first < 0 || in->stop < in->first || (in->key != KEY_INT_VOCABULARY && (in->stop - in->first) % 2))
             r.bad = true;
         else
             reach(rt, in->first, in->stop - in->first);
@@ -412,6 +446,8 @@ static route* compile(rs_servable* s, const int64_t* ints, int64_t n_ints, const
             in->buckets = (uint64_t)arg;
         else if (in->key == KEY_VOCABULARY)
             r.bad |= !(in->vocabulary = vocabulary_of(s, arg));
+        else if (in->key == KEY_INT_VOCABULARY)
+            r.bad |= !(in->int_vocabulary = int_vocabulary_of(s, arg));
         else if (in->key != KEY_XXH64 || arg != 0)
             r.bad = true;
     }
@@ -927,7 +963,9 @@ static int prepare(rs_servable* s, const route* rt, const uint8_t* data, int64_t
         const string_input* in = &rt->strings[i];
         int64_t* spans = values + in->first;
         int64_t n_spans = (in->stop - in->first) / 2;
-        if (in->key == KEY_BUCKETS || in->key == KEY_BUCKETS_EMPTY) {
+        if (in->key == KEY_INT_VOCABULARY)
+            rs_int_vocabulary_keys(in->int_vocabulary, spans, in->stop - in->first, spans);
+        else if (in->key == KEY_BUCKETS || in->key == KEY_BUCKETS_EMPTY) {
             s->bucket_spans(data, spans, n_spans, in->buckets, spans);
             if (in->key == KEY_BUCKETS_EMPTY) /* only '' is -1: a bucket is >= 0 */
                 for (int64_t k = 0; k < n_spans; k++)

@@ -86,7 +86,8 @@ RS_ROUTE_API int64_t rs_slot_counters(rs_route_slot* slot, int64_t* out, int64_t
 
 /* A version with no routes yet; run(runner, ...) runs its dense graph; string ids are keyed by
  * the engine's xxh64_spans / bucket_spans (rs_xxh64_spans, rs_bucket_spans) or a vocabulary
- * of the servable's. One lease: the owner's. */
+ * of the servable's, integer ids by an integer vocabulary of the servable's (or not keyed:
+ * the ids are the keys). One lease: the owner's. */
 RS_ROUTE_API rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner,
                                              rs_lookup_at_fn lookup_at, rs_xxh64_spans_fn xxh64_spans,
                                              rs_bucket_spans_fn bucket_spans);
@@ -104,6 +105,13 @@ RS_ROUTE_API void rs_servable_set_merged_run(rs_servable* s, rs_dense_run_fn run
 RS_ROUTE_API int64_t rs_servable_add_vocabulary(rs_servable* s, const uint8_t* words, const int64_t* lengths,
                                                 const int64_t* indices, int64_t n, int64_t default_id,
                                                 int64_t oov_buckets, int64_t oov_start, int32_t empty_is_padding);
+/* Builds an integer vocabulary (route_int_vocabulary.h: id ids[i] keyed keys[i] (>= 0), the
+ * last of an id given twice; any other id default_id; -1 padding when `padding`, else an id
+ * like any other) that the servable owns and frees with itself. Returns its handle, which
+ * route descriptions name (as for rs_servable_add_vocabulary), or 0 when out of memory /
+ * malformed. */
+RS_ROUTE_API int64_t rs_servable_add_int_vocabulary(rs_servable* s, const int64_t* ids, const int64_t* keys,
+                                                    int64_t n, int64_t default_id, int32_t padding);
 /* Compiles a route from its description (native_route.py writes it: ints[n_ints] and a blob of
  * NUL-terminated names) for requests whose layout bytes equal key[key_size]. 0, or -1 when the
  * description is malformed, 1 when the table is full or the key is already there. */

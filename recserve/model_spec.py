@@ -214,6 +214,10 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
             raise ModelLoadError(f"{where}: 'key_hash' {KEY_HASH_VOCABULARY!r} with 'key_dtype' \"int64\" needs "
                                  "'vocabulary' a non-empty list of integers (null: a key no id has) and no "
                                  "'oov_buckets'")
+        outside = next((w for w in vocabulary if w is not None and not _INT64_MIN <= w <= _INT64_MAX), None)
+        if outside is not None:
+            raise ModelLoadError(f"{where}: 'vocabulary' holds the id {outside}, outside int64 "
+                                 f"[{_INT64_MIN}, {_INT64_MAX}]: requests' ids are int64")
     elif key_hash == KEY_HASH_VOCABULARY:
         if key_dtype != "string" or not isinstance(vocabulary, list) or \
                 not any(isinstance(w, str) for w in vocabulary) or \
@@ -227,8 +231,12 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
     options = {key: raw.get(key, unset) for key, unset in _VOCABULARY_OPTIONS.items()}
     for key, value in options.items():
         low = -1 if key == "default_id" else 0
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ModelLoadError(f"{where}: {key!r} is {value!r}; it must be an integer >= {low}")
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= _INT64_MAX:
+            raise ModelLoadError(f"{where}: {key!r} is {value!r}; it must be an integer >= {low} and <= {_INT64_MAX}")
+    last_key = options["vocabulary_start"] + len(vocabulary) - 1 if key_hash == KEY_HASH_VOCABULARY else 0
+    if last_key > _INT64_MAX:
+        raise ModelLoadError(f"{where}: 'vocabulary_start' {options['vocabulary_start']} + {len(vocabulary)} "
+                             f"vocabulary entries gives keys beyond int64's {_INT64_MAX}")
     empty_is_padding = raw.get("empty_is_padding", True)
     if not isinstance(empty_is_padding, bool) or (not empty_is_padding and key_hash == "xxh64"):
         raise ModelLoadError(f"{where}: 'empty_is_padding' is {empty_is_padding!r}; it is true or false, and false "
@@ -255,6 +263,9 @@ def _parse_binding(raw: Any, where: str) -> EmbeddingBinding:
         mod_partitions=tuple(partitions),
         **options,
     )
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _is_int(value: Any) -> bool:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from recserve.embedding import StringKeys
+from recserve.embedding import IntegerKeys, StringKeys
 from recserve.errors import RecserveError
 from recserve.native_library import open_library
 from recserve.processor.trace import Span
@@ -64,8 +64,8 @@ FALLBACK_REASONS = ("no_servable", "parse", "route_miss", "lookup", "run", "outp
 _NO_SERVABLE, _TRACE = 0, 8
 _SERVED, _WALL_NS, _COUNTERS = 10, 11, 12
 _ROUTE_FORMAT = 2
-# How a string input's ids become keys (KEY_* in native/route.c).
-_KEY_XXH64, _KEY_BUCKETS, _KEY_VOCABULARY, _KEY_BUCKETS_EMPTY = 0, 1, 2, 3  # route.c's KEY_*
+# How a string input's ids, or an integer input's through an integer vocabulary, become keys.
+_KEY_XXH64, _KEY_BUCKETS, _KEY_VOCABULARY, _KEY_BUCKETS_EMPTY, _KEY_INT_VOCABULARY = 0, 1, 2, 3, 4  # route.c's KEY_*
 # RS_ELEM_* (ONNX TensorProto element types) of the dtypes the route feeds.
 _ELEM = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9,
          np.dtype(np.float64): 11}
@@ -109,6 +109,7 @@ def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
             "rs_servable_create": (p, [i64, p, p, p, p, p]),
             "rs_servable_set_merged_run": (None, [p, p, p]),
             "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64, i64, i64, i64, ctypes.c_int32]),
+            "rs_servable_add_int_vocabulary": (i64, [p, p, p, i64, i64, ctypes.c_int32]),
             "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
             "rs_servable_refuse_layout": (ctypes.c_int, [p, ctypes.c_char_p, i64]),
             "rs_servable_routes": (i64, [p]),
@@ -413,12 +414,12 @@ class NativeServable:
             raise MemoryError("rs_servable_create failed")
         if merged is not None:
             _LIB.rs_servable_set_merged_run(self.address, merged.address, merged.runner)  # type: ignore[union-attr]
-        # id(StringKeys) -> (it, its native vocabulary's handle): built here, with the version
-        # (never on a request thread), freed with the servable (rs_servable_free).
-        self._vocabularies: dict[int, tuple[StringKeys, int]] = {}
+        # id(StringKeys or IntegerKeys) -> (it, its native vocabulary's handle): built here,
+        # with the version (never on a request thread), freed with the servable (rs_servable_free).
+        self._vocabularies: dict[int, tuple[StringKeys | IntegerKeys, int]] = {}
         for _, bound, _ in servable.plans.values():
             for _, _, keys in bound:
-                if isinstance(keys, StringKeys) and keys.vocabulary:
+                if isinstance(keys, IntegerKeys) or (isinstance(keys, StringKeys) and keys.vocabulary):
                     self._vocabulary(keys)
         _served_by[self.id] = (servable.version, weakref.ref(servable))
 
@@ -443,24 +444,34 @@ class NativeServable:
             log.error("the native route rejected a route description (a recserve bug); that layout stays in Python")
         return got == 0
 
-    def _vocabulary(self, keys: StringKeys) -> int:
+    def _vocabulary(self, keys: StringKeys | IntegerKeys) -> int:
         """The handle of `keys`' vocabulary in this servable (built once); 0 when out of memory.
         Called while the servable is made, or under self._lock."""
         known = self._vocabularies.get(id(keys))
         if known is not None:
             return known[1]
-        words = list(keys.indices.items())
-        blob = b"".join(word for word, _ in words)
-        lengths = np.array([len(word) for word, _ in words], np.int64)
-        indices = np.array([index for _, index in words], np.int64)
-        handle = int(_LIB.rs_servable_add_vocabulary(self.address, blob, lengths.ctypes.data,  # type: ignore[union-attr]
-                                                     indices.ctypes.data, len(words), keys.default_id,
-                                                     keys.oov_buckets, keys.oov_start, int(keys.empty_is_padding)))
+        if isinstance(keys, IntegerKeys):
+            # As listed (an id listed twice too: the C build keeps its last key, as the spec does)
+            listed = [(word, keys.vocabulary_start + i) for i, word in enumerate(keys.vocabulary) if word is not None]
+            ids = np.array([word for word, _ in listed], np.int64)
+            indices = np.array([index for _, index in listed], np.int64)
+            size = len(listed)
+            handle = int(_LIB.rs_servable_add_int_vocabulary(  # type: ignore[union-attr]
+                self.address, ids.ctypes.data, indices.ctypes.data, len(ids), keys.default_id, int(keys.padding)))
+        else:
+            words = list(keys.indices.items())
+            size = len(words)
+            blob = b"".join(word for word, _ in words)
+            lengths = np.array([len(word) for word, _ in words], np.int64)
+            indices = np.array([index for _, index in words], np.int64)
+            handle = int(_LIB.rs_servable_add_vocabulary(  # type: ignore[union-attr]
+                self.address, blob, lengths.ctypes.data, indices.ctypes.data, len(words), keys.default_id,
+                keys.oov_buckets, keys.oov_start, int(keys.empty_is_padding)))
         if handle:
             self._vocabularies[id(keys)] = (keys, handle)
         else:
-            log.error("version %s: no memory for a native vocabulary of %d words; its layouts stay in Python",
-                      _served_by[self.id][0], len(words))
+            log.error("version %s: no memory for a native vocabulary of %d entries; its layouts stay in Python",
+                      _served_by[self.id][0], size)
         return handle
 
     def close(self) -> None:
@@ -530,17 +541,16 @@ def _fold(route: RequestRoute, concat: InputConcat) -> _FoldedFeed | None:
 
 
 def describe(route: RequestRoute, concat: InputConcat | None = None,
-             vocabulary: Callable[[StringKeys], int] | None = None) -> tuple[np.ndarray, bytes] | None:
+             vocabulary: Callable[[StringKeys | IntegerKeys], int] | None = None) -> tuple[np.ndarray, bytes] | None:
     """The int64 description rs_servable_add_route compiles (see native/route.c, compile())
     and its NUL-terminated names; None when a part of the route has no native form (the
     layout's requests are then counted as `not_native` and served in Python): a dense input
     whose wire type or cast has no native reader (half floats, complex, strings fed to the
-    graph as they are), a Concat the session group folds that the route cannot, or a string
-    vocabulary that could not be built (`vocabulary` returned 0, or none was given), a
-    bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64), an integer
-    vocabulary (IntegerKeys: keyed in Python).
+    graph as they are), a Concat the session group folds that the route cannot, a string or
+    integer vocabulary that could not be built (`vocabulary` returned 0, or none was given),
+    a bucket count of 2**63 or more (model.json allows it; TensorFlow's are int64).
     `concat`: the session group's folded Concat of graph inputs, if it has one;
-    `vocabulary`: the servable's native handle of a StringKeys' vocabulary."""
+    `vocabulary`: the servable's native handle of a StringKeys' or IntegerKeys' vocabulary."""
     names: dict[str, int] = {}
     blob = bytearray()
 
@@ -558,9 +568,12 @@ def describe(route: RequestRoute, concat: InputConcat | None = None,
         folded = fold
     ints: list[int] = [_ROUTE_FORMAT, route.batch_size, len(route._strings)]
     for first, stop, keys in route._strings:
-        if not isinstance(keys, StringKeys):
-            return None   # an integer vocabulary: no native form yet
-        if keys.vocabulary:
+        if isinstance(keys, IntegerKeys):   # int64 ids, one slot each
+            handle = vocabulary(keys) if vocabulary is not None else 0
+            if not handle:
+                return None
+            ints += [first, stop, _KEY_INT_VOCABULARY, handle]
+        elif keys.vocabulary:
             if keys.oov_buckets >= 1 << 63:
                 return None   # no int64 holds it
             handle = vocabulary(keys) if vocabulary is not None else 0

@@ -130,6 +130,23 @@ def test_integer_vocabularies_round_trip_and_bad_ones_are_named():
             parse_model_spec(json.dumps({"embeddings": [raw]}))
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"vocabulary": [1, 2**63]}, f"'vocabulary' holds the id {2**63}, outside int64 [{-2**63}, {2**63 - 1}]"),
+    ({"vocabulary": [-2**63 - 1]}, f"'vocabulary' holds the id {-2**63 - 1}, outside int64"),
+    ({"vocabulary": [1], "vocabulary_start": 2**63}, (f"'vocabulary_start' is {2**63}; it must be an integer >= 0 "
+                                                      f"and <= {2**63 - 1}")),
+    ({"vocabulary": [1], "default_id": 2**64}, f"'default_id' is {2**64}; it must be an integer >= -1"),
+    ({"vocabulary": [1, 2, 3], "vocabulary_start": 2**63 - 2},
+     f"'vocabulary_start' {2**63 - 2} + 3 vocabulary entries gives keys beyond int64's {2**63 - 1}"),
+])
+def test_integer_vocabularies_beyond_int64_are_refused_by_name(extra, message):
+    raw = {"input": "item", "table": "t", "dim": 4, "key_dtype": "int64", "key_hash": "vocabulary", **extra}
+    with pytest.raises(ModelLoadError, match=f"embeddings\\[0\\]: .*{re.escape(message)}"):
+        parse_model_spec(json.dumps({"embeddings": [raw]}))
+    edge = {**raw, "vocabulary": [-2**63, 2**63 - 1], "vocabulary_start": 2**63 - 2, "default_id": 0}
+    assert parse_model_spec(json.dumps({"embeddings": [edge]})).embeddings[0].vocabulary == (-2**63, 2**63 - 1)
+
+
 def test_integer_keys_of_a_vocabulary():
     """An id's index + vocabulary_start; unknown ids the default; -1 padding unless not."""
     ids = np.array([[10, -1], [7_000_000_000, 5], [-7, 30]], dtype=np.int64)

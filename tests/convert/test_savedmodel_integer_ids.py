@@ -2,13 +2,13 @@
 of int64 ids (tf_model.py write_int_vocab) and Keras's IntegerLookup (keras_model.py
 integer_lookup), written by real TensorFlow, served against TensorFlow itself. A binding's
 `"key_hash": "vocabulary"` with `"key_dtype": "int64"` keys an id by its index in the list
-(IntegerKeys); such layouts are keyed in Python, not by the native route."""
+(IntegerKeys); the native route keys those ids in C (native/route_int_vocabulary.c)."""
 
 from __future__ import annotations
 
 import numpy as np
 from model_requests import BRANDS, KERAS_ITEMS, SHOPS, int_vocab_requests
-from served import layouts, worst
+from served import assert_served_natively, layouts, worst
 from tf_helpers import run_tf, tf_predict
 
 from recserve import Processor
@@ -30,11 +30,8 @@ def test_integer_vocabulary_columns_serve_within_1e5_of_tensorflow(tmp_path):
         assert {k: (b.key_dtype, b.vocabulary, b.default_id, b.empty_is_padding) for k, b in bindings.items()} == {
             "shop": ("int64", tuple(SHOPS), -1, True), "brand": ("int64", tuple(BRANDS), 1, True)}
         assert worst(processor, batches, want) <= TOLERANCE
-        native = processor.model_info()["native_route"]
-        # Integer vocabularies have no native form yet: their layouts are routed and keyed in
-        # Python (each request asked twice by `worst`: by bytes and by predict).
-        assert native["served"] == 0, native
-        assert native["fallbacks"]["not_native"] == 2 * (len(batches) - layouts(batches)), native
+        assert_served_natively(processor, batches)
+        assert processor.model_info()["native_route"]["fallbacks"]["not_native"] == 0
     finally:
         processor.close()
 
@@ -58,6 +55,9 @@ def test_a_keras_integer_lookup_is_converted(tmp_path):
             tuple(KERAS_ITEMS), 1, 0, False)
         largest = max(float(np.abs(processor.predict(b)["output_0"] - w).max()) for b, w in zip(batches, want))
         assert largest <= TOLERANCE
+        native = processor.model_info()["native_route"]   # predict's native path: all but each layout's first
+        assert native["served"] == len(batches) - layouts(batches), native
+        assert native["fallbacks"]["not_native"] == 0, native
         assert len({round(float(v), 5) for w in want for v in w.ravel()}) == len(KERAS_ITEMS) + 1  # every row seen
     finally:
         processor.close()

@@ -181,7 +181,8 @@ def test_rows_defaults_are_row_key_mod_k_of_the_file_and_the_processor_agrees(tm
 
 def test_integer_vocabulary_keys_by_hand_and_the_processor_agrees(tmp_path):
     """`"key_dtype": "int64"` with a vocabulary: an id's key is its index (+ start), others the
-    default; -1 padding; the Processor (IntegerKeys, routed in Python) serves the same."""
+    default; -1 padding; the Processor (IntegerKeys: the native route after a layout's first request)
+    serves the same."""
     from recserve import Processor
 
     vocabulary = (7_000_000_000, None, 5)  # keys 10, 11 (no id), 12
@@ -208,5 +209,7 @@ def test_integer_vocabulary_keys_by_hand_and_the_processor_agrees(tmp_path):
             for served in (processor.predict(inputs), decode_response(body)):
                 for name in ("bag_none", "bag_sum", "bag_mean", "bag_sqrtn", "id"):
                     np.testing.assert_array_equal(served[name], out[name])
+        native = processor.model_info()["native_route"]
+        assert native["served"] >= 2 and native["fallbacks"]["not_native"] == 0, native
     finally:
         processor.close()

@@ -4,7 +4,8 @@
  * accepts the request, the harness compiles a route for its layout the way
  * recserve.processor.native_route does (id inputs of rank 1-2 looked up in a table with a
  * combiner the seed picks, string ids keyed in place first (XXH64, hash buckets or the
- * servable's vocabulary, as the seed picks), float and integer inputs fed as
+ * servable's vocabulary, as the seed picks), integer ids keyed in place through one of the
+ * servable's integer vocabularies or not keyed (as the seed picks), float and integer inputs fed as
  * dense inputs of a type the seed picks), registers it with a servable and serves the same
  * bytes through rs_route_process, with a dense runner written here (one float32 output per
  * input: the sum of its values; an int64 output of 1-48 values as the input's first and last bytes and the input count pick; a
@@ -38,6 +39,7 @@ static rs_table* tables[2];
 static rs_route_slot* slot;
 static rs_servable* current;
 static int64_t current_vocabulary; /* its handle in `current` */
+static int64_t current_int_vocabularies[2]; /* handles in `current`: a list, an empty one */
 static int served_inputs;
 static uint8_t run_seed; /* the choice byte mixed with the input's last: the runner's int64 output follows it */
 
@@ -124,6 +126,17 @@ static int64_t add_vocabulary(rs_servable* s) {
     return handle;
 }
 
+/* Two integer vocabularies per servable: ids listed out of order, one twice (its last key
+ * wins), -1 listed (padding whatever the list says), int64's extremes -- keys 0..100, some
+ * of them table keys; and an empty list keying every id 3 (-1 too: no padding). */
+static void add_int_vocabularies(rs_servable* s, int64_t* handles) {
+    static const int64_t ids[] = {5, -1, INT64_MIN, 1LL << 40, 5, INT64_MAX, 0, -7};
+    static const int64_t keys[] = {0, 1, 2, 3, 100, 7, 4, 5};
+    handles[0] = rs_servable_add_int_vocabulary(s, ids, keys, 8, -1, 1);
+    handles[1] = rs_servable_add_int_vocabulary(s, NULL, NULL, 0, 3, 0);
+    CHECK(handles[0] != 0 && handles[1] != 0);
+}
+
 static rs_servable* fresh(void) {
     rs_servable* s = rs_servable_create(++served_inputs, run, NULL, rs_lookup_at, rs_xxh64_spans, rs_bucket_spans);
     CHECK(s);
@@ -192,8 +205,11 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
     put(d, 2); /* the description's format (ROUTE_FORMAT) */
     put(d, count && in[0].ndims ? in[0].dims[0] : 1);
     int64_t strings = 0;
-    for (uint64_t i = 0; i < count; i++)
-        strings += in[i].out == RS_CODEC_OUT_STRING && in[i].bound;
+    int int_keyed[16];
+    for (uint64_t i = 0; i < count; i++) {
+        int_keyed[i] = in[i].bound && in[i].out != RS_CODEC_OUT_STRING && (seed >> ((i + 3) % 8)) & 1;
+        strings += (in[i].out == RS_CODEC_OUT_STRING && in[i].bound) || int_keyed[i];
+    }
     put(d, strings);
     for (uint64_t i = 0; i < count; i++)
         if (in[i].out == RS_CODEC_OUT_STRING && in[i].bound) {
@@ -202,6 +218,11 @@ static int describe(const uint8_t* layout, int64_t size, uint8_t seed, descripti
             int key = (seed + (int)i) % 3; /* KEY_XXH64, KEY_BUCKETS, KEY_VOCABULARY in route.c */
             put(d, key);
             put(d, key == 0 ? 0 : key == 1 ? 1 + seed * 37 : current_vocabulary);
+        } else if (int_keyed[i]) { /* its ids, one slot each */
+            put(d, (int64_t)in[i].slot);
+            put(d, (int64_t)(in[i].slot + in[i].values));
+            put(d, 4); /* KEY_INT_VOCABULARY */
+            put(d, current_int_vocabularies[(seed + i) % 2]);
         }
     int64_t tasks = 0, arena = 0;
     for (uint64_t i = 0; i < count; i++)
@@ -444,6 +465,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!current || served_inputs % 64 == 0) {
         rs_servable* next = fresh();
         current_vocabulary = add_vocabulary(next);
+        add_int_vocabularies(next, current_int_vocabularies);
         rs_slot_publish(slot, next, RS_FALLBACK_NO_SERVABLE);
         if (current) {
             CHECK(rs_servable_drain(current, 1000) == 0);

@@ -59,7 +59,8 @@ TARGETS = {
         Target("engine", "tests/fuzz/fuzz_engine.c", tuple(ENGINE), ("-ffp-contract=off", "-pthread", "-lm"), 512),
         Target("ssd", "tests/fuzz/fuzz_ssd.c", tuple(ENGINE), ("-pthread", "-lm"), 256),
         # The native request route, with the codec and the engine it calls.
-        Target("route", "tests/fuzz/fuzz_route.c", ("native/route.c", "native/route_vocabulary.c", "native/codec.c", *ENGINE),
+        Target("route", "tests/fuzz/fuzz_route.c", ("native/route.c", "native/route_vocabulary.c",
+                                                   "native/route_int_vocabulary.c", "native/codec.c", *ENGINE),
                ("-ffp-contract=off", "-pthread", "-lm")),
         Target("checkpoint", "tests/fuzz/fuzz_checkpoint.py", max_len=2048),
         Target("codec_parity", "tests/fuzz/fuzz_codec_parity.py", corpus_of="codec"),
