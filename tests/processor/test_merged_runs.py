@@ -367,3 +367,25 @@ def test_threads_merge_natively_while_versions_swap(plain, plain_processor: Proc
         stop.set()
     assert all(calls > 0 for calls in workers.join(30.0))
     assert _native(plain_processor)["served"] > before
+
+
+@native_only
+def test_native_merging_of_integer_vocabulary_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integer ids keyed through the servable's vocabularies in each request's own buffers
+    before the merge (listed ids, -1, unknown ones): each caller's answer as alone."""
+    from benchmarks.models import build_int_vocabulary
+
+    model = build_int_vocabulary(tmp_path / "int_vocabulary", items=50)
+    p = Processor(model.config())
+    try:
+        rng = np.random.default_rng(31)
+        bodies = [encode_request(model.sample(b, rng)) for b in (1, 5, 2, 1)]
+        alone = [p.process(b) for b in bodies]
+        before = _native(p)["served"]
+        traces = [RequestTrace() for _ in bodies]
+        assert p.process_many(bodies, traces, 64) == alone
+        assert _native(p)["served"] - before == len(bodies)
+        assert [t.merged_with for t in traces] == [4] * 4
+        assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
+    finally:
+        p.close()
