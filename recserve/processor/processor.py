@@ -256,12 +256,9 @@ class Processor:
             for i, data in enumerate(payloads):
                 if not data:
                     answers[i] = self.process(data, trace=traces[i])
-            native = self._manager.route_slot.process_many(
-                [payloads[i] for i in merge], [traces[i] for i in merge], max_rows) if merge else []
+            native = self._native_many([payloads[i] for i in merge], [traces[i] for i in merge], max_rows)
         else:   # the usual call: every payload a request
-            native = self._manager.route_slot.process_many(payloads, traces, max_rows)
-        # The native route first (rs_route_process_many): the same answers merged in C, the
-        # GIL released; the requests it does not serve take the Python path below.
+            native = self._native_many(payloads, traces, max_rows)
         left = []
         for i, response in zip(merge, native):
             if response is None:
@@ -281,6 +278,19 @@ class Processor:
         for i, answer in zip(merge, merged):
             answers[i] = (200, answer) if isinstance(answer, bytes) else (answer.status, answer.message.encode())
         return answers
+
+    def _native_many(self, payloads: Sequence[bytes], traces: Sequence[RequestTrace],
+                     max_rows: int) -> Sequence[bytes | None]:
+        """The native route's merged answers (rs_route_process_many: the same answers merged
+        in C, the GIL released), None for each request it leaves to the Python path; all
+        None, logged, if the call itself failed (a bug)."""
+        if not payloads:
+            return []
+        try:
+            return self._manager.route_slot.process_many(payloads, traces, max_rows)
+        except Exception as exc:  # noqa: BLE001  (logged by _bug; the Python path answers them)
+            self._bug("process_many's native route", exc)
+            return [None] * len(payloads)
 
     # -- introspection -------------------------------------------------------------------
 

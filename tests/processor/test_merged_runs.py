@@ -389,3 +389,20 @@ def test_native_merging_of_integer_vocabulary_ids(tmp_path: Path, monkeypatch: p
         assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
     finally:
         p.close()
+
+
+@native_only
+def test_a_failure_of_the_native_call_leaves_every_request_to_the_python_path(
+        demo: DemoModel, processor: Processor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(6)
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (1, 2)]
+    alone = [processor.process(b) for b in bodies]
+
+    def broken(self, payloads, traces, max_rows):
+        raise RuntimeError("a bug in the native call")
+
+    monkeypatch.setattr(native_route.RouteSlot, "process_many", broken)
+    traces = [RequestTrace() for _ in bodies]
+    assert processor.process_many(bodies, traces, 64) == alone
+    assert [t.merged_with for t in traces] == [2, 2]   # merged by the Python path
+    assert "a bug in the native call" in caplog.text
