@@ -120,10 +120,11 @@ with merging on fell from 35 us (measured with `wrk -t2 -c64` before the change)
 Before this branch took main's front-end work (the write coalescer, ddb6ba8): one process
 2.31x, 3.09x, 2.63x (load 4-6; off 64-92 us of server CPU a request, 27-38 us in its
 handler; on 29-33 us, 6-7 in its handler), `--workers 2` 2.48x, 2.11x, 2.41x. With it (the
-rows above at commit f3d62ab, load 2-3, and two more runs at load 1-2) off became cheaper
-(45-57 us a request, 17-21 in its handler) while on stayed 27-29 us (5-6 in its handler,
-22-23 outside it: less than a bare uvicorn app's whole request, 29-31 us): one process
-1.85x, 1.78x, 1.68x, `--workers 2` 1.53x, 1.52x, 1.44x, p99 lower with merging on in
+rows above at commit f3d62ab, load 2-3, two more runs at load 1-2, and one at load 0.7-1.2
+at commit c36caf6) off became cheaper (45-57 us a request, 17-21 in its handler) while on
+stayed 25-29 us (4-6 in its handler, 21-23 outside it: less than a bare uvicorn app's whole
+request, 29-31 us): one process 1.85x, 1.78x, 1.68x, 1.83x (idle: 39,147 vs 21,372 req/s,
+p99 2.6 vs 5.8 ms), `--workers 2` 1.53x, 1.52x, 1.44x, 1.58x, p99 lower with merging on in
 every run. The one-process 2x goal is not met on a lightly loaded machine. perf of the
 server with merging on (one process, wrk -t2 -c64, load ~1.5): Python 51% of its CPU, the
 kernel 29% (mostly the answers' writes waking wrk), ONNX Runtime 3.8%, the route 3.5%, the
