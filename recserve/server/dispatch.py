@@ -81,9 +81,11 @@ class Dispatcher:
         layouts agree (`Processor.process_many`): each one's (status, bytes or message), and
         each counted on its own, with its share of the CPU (by rows) and of the time."""
         started, cpu = time.perf_counter(), time.thread_time()
-        steps = [entry.timeline.take() if entry.timeline is not None else None for _ in payloads]
-        for trace, step in zip(traces, steps):
-            trace.want_ort_profile = step is not None
+        steps: list[int | None] = [None] * len(payloads)
+        if entry.timeline is not None:
+            steps = [entry.timeline.take() for _ in payloads]
+            for trace, step in zip(traces, steps):
+                trace.want_ort_profile = step is not None
         try:
             with entry.lease() as processor:
                 answers = processor.process_many(payloads, traces, entry.config.max_batch_size)
@@ -98,11 +100,10 @@ class Dispatcher:
                 entry.record(payload)
             if trace.merged_with > 1:
                 merged += 1
-            outcome = (status, result if status == 200 else result.decode("utf-8", "replace"))
-            self.metrics.observe(entry.name, route, status, seconds, trace, cpu * max(trace.batch_size, 1) / rows)
+            outcomes.append((status, result if status == 200 else result.decode("utf-8", "replace")))
             if step is not None and status == 200:
                 self._write_timeline(entry, step, trace)
-            outcomes.append(outcome)
+        self.metrics.observe_merged(entry.name, route, [status for status, _ in answers], seconds, traces, cpu / rows)
         if merged:
             self.metrics.merged_requests.labels(entry.name).inc(merged)
         return outcomes

@@ -102,6 +102,28 @@ class RequestRecorder:
                 batch.sum += rows
 
 
+    def many(self, seconds: float, cpu_per_row: float, stage_seconds: Sequence[Sequence[float]],
+             rows: Sequence[int]) -> None:
+        """Several requests that took the same `seconds` (a merged call's), each with its
+        stage seconds and rows, and `cpu_per_row` of CPU a row (at least one row each)."""
+        latency, batch, stages = self._latency, self._batch, self._stages
+        n = len(rows)
+        with self._lock:
+            self._count.value += n
+            latency.counts[bisect_left(latency._bounds, seconds)] += n
+            latency.sum += seconds * n
+            self._cpu.value += cpu_per_row * sum(r if r > 0 else 1 for r in rows)
+            for spent_each in stage_seconds:
+                for spent, stage in zip(spent_each, stages):
+                    if spent:
+                        stage.counts[bisect_left(stage._bounds, spent)] += 1
+                        stage.sum += spent
+            for count in rows:
+                if count:
+                    batch.counts[bisect_left(batch._bounds, count)] += 1
+                    batch.sum += count
+
+
 class _Family:
     """A metric's name, help, label names and children (one per label values, made on first use)."""
 

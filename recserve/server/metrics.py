@@ -121,6 +121,30 @@ class ServerMetrics:
             record = self._ok[(model, route)] = self._recorder(model, route)
         record(seconds, cpu_seconds, _stage_seconds(trace), trace.batch_size)
 
+    def observe_merged(self, model: str, route: str, statuses: Sequence[int], seconds: float,
+                       traces: Sequence[RequestTrace], cpu_per_row: float) -> None:
+        """`observe` for the requests of one merged call: each with the call's `seconds` and
+        `cpu_per_row` times its rows of CPU; the 200s recorded in one go (one lock, the
+        shared latency's bucket found once: a merged call's requests are many, and their
+        metrics had become a tenth of a merged request's CPU)."""
+        answered = []
+        for status, trace in zip(statuses, traces):
+            if status == 200:
+                answered.append(trace)
+            else:
+                self.observe(model, route, status, seconds, trace, cpu_per_row * max(trace.batch_size, 1))
+        if not answered:
+            return
+        record = self._ok.get((model, route))
+        if record is None:
+            record = self._ok[(model, route)] = self._recorder(model, route)
+        if isinstance(record, RequestRecorder):
+            record.many(seconds, cpu_per_row, [_stage_seconds(t) for t in answered],
+                        [t.batch_size for t in answered])
+            return
+        for trace in answered:
+            record(seconds, cpu_per_row * max(trace.batch_size, 1), _stage_seconds(trace), trace.batch_size)
+
     def _recorder(self, model: str, route: str) -> Callable[[float, float, Sequence[float], int], None]:
         """What records a 200 of (model, route): in one process local_metrics' RequestRecorder
         (one lock, the values written in one call); in a worker pool prometheus_client's

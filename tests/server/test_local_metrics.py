@@ -133,3 +133,34 @@ def test_request_recorder_same_text_as_prometheus_client_updates() -> None:
     assert _without_created_values(ours_text) == _without_created_values(theirs_text)
     assert 't_requests_total{code="200",model="m",route="eas"} 8000.0' in ours_text.decode()
     assert 't_stage_count{model="m",stage="lookup"} 4000.0' in ours_text.decode()  # zeros are not observed
+
+
+def test_a_merged_calls_requests_recorded_at_once_read_as_recorded_one_by_one() -> None:
+    """RequestRecorder.many (a merged call's requests: one latency, CPU shared by rows) reads
+    as `record` called for each of them."""
+    stages = ("decode", "lookup", "run", "encode")
+
+    def recorder() -> tuple[CollectorRegistry, RequestRecorder]:
+        local, registry = LocalMetrics(), CollectorRegistry()
+        registry.register(local)
+        requests = LocalCounter(local, "t_requests", "Requests.", ["model", "route", "code"])
+        seconds = LocalHistogram(local, "t_seconds", "Seconds.", ["model", "route"], BUCKETS)
+        cpu = LocalCounter(local, "t_cpu", "CPU.", ["model", "route"])
+        stage = LocalHistogram(local, "t_stage", "Stages.", ["model", "stage"], BUCKETS)
+        batch = LocalHistogram(local, "t_batch", "Rows.", ["model"], (1.0, 8.0, 64.0))
+        return registry, RequestRecorder(local.lock, requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
+                                         cpu.labels("m", "eas"), [stage.labels("m", s) for s in stages],
+                                         batch.labels("m"))
+
+    took, per_row = 2 ** -10, 2 ** -16
+    stage_seconds = [(2 ** -16, 0.0, 2 ** -12, 0.25), (0.0, 2 ** -13, 2 ** -12, 2 ** -14), (1.0, 1.0, 1.0, 1.0)]
+    rows = [1, 0, 64]
+    at_once, many = recorder()
+    many.many(took, per_row, stage_seconds, rows)
+    one_by_one, record = recorder()
+    for spent, count in zip(stage_seconds, rows):
+        record(took, per_row * max(count, 1), spent, count)
+    text = generate_latest(at_once).decode()
+    assert _without_created_values(text.encode()) == _without_created_values(generate_latest(one_by_one))
+    assert 't_requests_total{code="200",model="m",route="eas"} 3.0' in text
+    assert f't_cpu_total{{model="m",route="eas"}} {per_row * 66}' in text  # the row-less request counts one row

@@ -22,10 +22,19 @@ WAIT_MICROS = 400_000
 MERGE_WAIT = {"max_batch_size": 64, "batch_timeout_micros": WAIT_MICROS, "max_queue_ms": 5_000}
 
 
-def _merged_count(url: str) -> float:
+def _metric(url: str, sample: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = re.search(r'^recserve_merged_requests_total\{model="default"\} (\S+)$', text, re.MULTILINE)
+    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+def _merged_count(url: str) -> float:
+    return _metric(url, 'recserve_merged_requests_total{model="default"}')
+
+
+# What each answered request adds to the metrics, merged or not: its count, its rows, its stages.
+_PER_REQUEST = ('recserve_requests_total{code="200",model="default",route="eas"}',
+                'recserve_batch_size_count{model="default"}', 'recserve_stage_seconds_count{model="default",stage="run"}')
 
 
 def _post_together(url: str, bodies: list[bytes], headers: list[dict[str, str]] | None = None) -> list[httpx.Response]:
@@ -50,6 +59,8 @@ def test_merged_callers_get_exactly_their_unmerged_answers(launch, demo, demo_pr
     bodies = [encode_request(demo.sample_inputs(b, rng)) for b in (1, 4, 1, 2, 7, 1, 3, 1)]
     bodies.insert(4, encode_request(demo.sample_inputs(2, rng), signature_name="no_such_signature"))
     before = _merged_count(server.url)
+    counted = [_metric(server.url, sample) for sample in _PER_REQUEST]
+    rows = _metric(server.url, 'recserve_batch_size_sum{model="default"}')
     answers = _post_together(server.url, bodies)
     for body, answer in zip(bodies, answers):
         status, want = demo_processor.process(body)
@@ -62,6 +73,9 @@ def test_merged_callers_get_exactly_their_unmerged_answers(launch, demo, demo_pr
             assert answer.json() == {"error": want.decode()}
     assert answers[4].status_code == 400 and "no_such_signature" in answers[4].json()["error"]
     assert _merged_count(server.url) - before >= 2  # at least one run held two requests or more
+    # Every answered request counted once, with its own rows, as unmerged ones are.
+    assert [_metric(server.url, sample) - was for sample, was in zip(_PER_REQUEST, counted)] == [8, 8, 8]
+    assert _metric(server.url, 'recserve_batch_size_sum{model="default"}') - rows == 1 + 4 + 1 + 2 + 7 + 1 + 3 + 1
 
 
 def test_a_deadline_passed_while_waiting_to_merge_fails_only_that_request(launch, demo, demo_processor) -> None:
