@@ -12,8 +12,9 @@ accept queue, not the server's memory, absorbs a flood.
 
 A request the FastLane wants (recserve.server.http_fast_lane) gets no ASGI task when its
 headers arrive: its body gathers here and the fast lane answers it as the last byte arrives,
-the answer written straight to the transport (or, when the fast lane declines, the task
-starts then, and the app reads the body already gathered).
+the answer written to the transport when the loop's pass over the ready connections ends
+(recserve.server.write_coalescer), or, when the fast lane declines, the task starts then,
+and the app reads the body already gathered.
 
 Shutdown (`shutdown()`, which uvicorn calls on every connection once the listener is
 closed): a request in flight is answered with `Connection: close`, as uvicorn does; an idle
