@@ -17,7 +17,8 @@ every process. Thread-safe.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -87,7 +88,7 @@ class ServerMetrics:
         self.client_disconnects = counter("recserve_client_disconnects",
                                           "Requests whose client went away before the answer.", ["route"])
         self.registry.register(ModelCollector(models))
-        self._ok: dict[tuple[str, str], Callable[[float, float, Sequence[float], int], None]] = {}
+        self._ok: dict[tuple[str, str], RequestRecorder | PooledRecorder] = {}
         self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self._local = local
         self._pool_registry: CollectorRegistry | None = None
@@ -138,36 +139,80 @@ class ServerMetrics:
         record = self._ok.get((model, route))
         if record is None:
             record = self._ok[(model, route)] = self._recorder(model, route)
-        if isinstance(record, RequestRecorder):
-            record.many(seconds, cpu_per_row, [_stage_seconds(t) for t in answered],
-                        [t.batch_size for t in answered])
-            return
-        for trace in answered:
-            record(seconds, cpu_per_row * max(trace.batch_size, 1), _stage_seconds(trace), trace.batch_size)
+        record.many(seconds, cpu_per_row, [_stage_seconds(t) for t in answered], [t.batch_size for t in answered])
 
-    def _recorder(self, model: str, route: str) -> Callable[[float, float, Sequence[float], int], None]:
+    def _recorder(self, model: str, route: str) -> RequestRecorder | PooledRecorder:
         """What records a 200 of (model, route): in one process local_metrics' RequestRecorder
-        (one lock, the values written in one call); in a worker pool prometheus_client's
-        inc() and observe(), each with its own lock."""
+        (one lock, the values written in one call); in a worker pool a PooledRecorder
+        (prometheus_client's multiprocess values)."""
         count, latency, batch, cpu = (self.requests.labels(model, route, "200"), self.latency.labels(model, route),
                                       self.batch.labels(model), self.cpu.labels(model, route))
         stages = tuple(self.stage.labels(model, stage) for stage in STAGES)
         if self._local is not None:
             return RequestRecorder(self._local.lock, count, latency, cpu, stages, batch)
-
-        def record(seconds: float, cpu_seconds: float, stage_seconds: Sequence[float], rows: int) -> None:
-            count.inc()
-            latency.observe(seconds)
-            cpu.inc(cpu_seconds)
-            for spent, stage in zip(stage_seconds, stages):
-                if spent:
-                    stage.observe(spent)
-            if rows:
-                batch.observe(rows)
-        return record
+        return PooledRecorder(count, latency, cpu, stages, batch)
 
     def render(self) -> bytes:
         return generate_latest(self._pool_registry or self.registry)
+
+
+class PooledRecorder:
+    """Records answered requests into prometheus_client's children in a worker pool, where
+    every value is a multiprocess file entry (each update: a lock, an os.getpid() call and
+    an mmap write; perf put them at ~12% of a worker's loop with merging on). One request:
+    the children's own inc() and observe(). A merged call's requests (`many`): the updates
+    added up first, so a histogram gets one add per bucket hit and one to its sum, not one of
+    each per request."""
+
+    __slots__ = ("_batch", "_count", "_cpu", "_latency", "_stages")
+
+    def __init__(self, count: Any, latency: Any, cpu: Any, stages: Sequence[Any], batch: Any) -> None:
+        self._count = count
+        self._latency = latency
+        self._cpu = cpu
+        self._stages = tuple(stages)
+        self._batch = batch
+
+    def __call__(self, seconds: float, cpu_seconds: float, stage_seconds: Sequence[float], rows: int) -> None:
+        self._count.inc()
+        self._latency.observe(seconds)
+        self._cpu.inc(cpu_seconds)
+        for spent, stage in zip(stage_seconds, self._stages):
+            if spent:
+                stage.observe(spent)
+        if rows:
+            self._batch.observe(rows)
+
+    def many(self, seconds: float, cpu_per_row: float, stage_seconds: Sequence[Sequence[float]],
+             rows: Sequence[int]) -> None:
+        """As RequestRecorder.many."""
+        self._count.inc(len(rows))
+        _observe_all(self._latency, [seconds] * len(rows))
+        self._cpu.inc(cpu_per_row * sum(r if r > 0 else 1 for r in rows))
+        for i, stage in enumerate(self._stages):
+            _observe_all(stage, [spent[i] for spent in stage_seconds if spent[i]])
+        _observe_all(self._batch, [r for r in rows if r])
+
+
+def _observe_all(histogram: Any, values: Sequence[float]) -> None:
+    """`histogram.observe(v)` for each of `values`, as one add per bucket hit and one to the
+    sum (through the child's bucket values, as its observe() adds to them); one observe() at
+    a time if the child does not have them (another prometheus_client)."""
+    buckets, total, bounds = getattr(histogram, "_buckets", None), getattr(histogram, "_sum", None), \
+        getattr(histogram, "_upper_bounds", None)
+    if buckets is None or total is None or bounds is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    if not values:
+        return
+    hits: dict[int, int] = {}
+    for value in values:
+        at = bisect_left(bounds, value)  # observe(): the first bound >= the value
+        hits[at] = hits.get(at, 0) + 1
+    for at, n in hits.items():
+        buckets[at].inc(n)
+    total.inc(sum(values))
 
 
 def _stage_seconds(trace: RequestTrace) -> Sequence[float]:

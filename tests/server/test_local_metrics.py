@@ -164,3 +164,34 @@ def test_a_merged_calls_requests_recorded_at_once_read_as_recorded_one_by_one() 
     assert _without_created_values(text.encode()) == _without_created_values(generate_latest(one_by_one))
     assert 't_requests_total{code="200",model="m",route="eas"} 3.0' in text
     assert f't_cpu_total{{model="m",route="eas"}} {per_row * 66}' in text  # the row-less request counts one row
+
+
+def test_a_worker_pools_merged_requests_recorded_at_once_read_as_one_by_one() -> None:
+    """PooledRecorder.many (a worker pool's prometheus_client children) reads as the same
+    requests observed one by one with prometheus_client's own calls."""
+    from recserve.server.metrics import PooledRecorder
+
+    def children() -> tuple[CollectorRegistry, PooledRecorder]:
+        registry = CollectorRegistry()
+        requests = Counter("t_requests", "Requests.", ["model", "route", "code"], registry=registry)
+        seconds = Histogram("t_seconds", "Seconds.", ["model", "route"], buckets=BUCKETS, registry=registry)
+        cpu = Counter("t_cpu", "CPU.", ["model", "route"], registry=registry)
+        stage = Histogram("t_stage", "Stages.", ["model", "stage"], buckets=BUCKETS, registry=registry)
+        batch = Histogram("t_batch", "Rows.", ["model"], buckets=(1.0, 8.0, 64.0), registry=registry)
+        stages = [stage.labels("m", s) for s in ("decode", "lookup", "run", "encode")]
+        return registry, PooledRecorder(requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
+                                        cpu.labels("m", "eas"), stages, batch.labels("m"))
+
+    took, per_row = 2 ** -10, 2 ** -16
+    stage_seconds = [(2 ** -16, 0.0, 2 ** -12, 0.25), (0.0, 2 ** -13, 2 ** -12, 2 ** -14), (1.0, 1.0, 1.0, 100.0),
+                     (2 ** -16, 2 ** -16, 2 ** -16, 2 ** -16)]
+    rows = [1, 0, 64, 100]
+    at_once, recorder = children()
+    recorder.many(took, per_row, stage_seconds, rows)
+    one_by_one, single = children()
+    for spent, count in zip(stage_seconds, rows):
+        single(took, per_row * max(count, 1), spent, count)
+    text = generate_latest(at_once).decode()
+    assert _without_created_values(text.encode()) == _without_created_values(generate_latest(one_by_one))
+    assert 't_stage_bucket{le="+Inf",model="m",stage="encode"} 4.0' in text
+    assert 't_batch_bucket{le="64.0",model="m"} 2.0' in text and 't_batch_count{model="m"} 3.0' in text

@@ -160,3 +160,21 @@ def test_a_full_wait_is_refused_when_the_headers_arrive(launch, demo, demo_proce
         assert head.startswith(b"HTTP/1.1 200") and content == demo_processor.process(body)[1]
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'recserve_requests_total{code="503",model="default",route="eas"} 2.0' in metrics
+
+
+def test_a_worker_pools_merged_requests_are_each_counted_once(launch, demo, demo_processor) -> None:
+    # --workers: metrics live in prometheus_client's multiprocess files (PooledRecorder).
+    server = launch(json.loads(demo.config_path.read_text()) | MERGE_WAIT, workers=2)
+    rng = np.random.default_rng(12)
+    batches = [1 + k % 3 for k in range(12)]
+    bodies = [encode_request(demo.sample_inputs(b, rng)) for b in batches]
+    before = _merged_count(server.url)
+    counted = [_metric(server.url, sample) for sample in _PER_REQUEST]
+    rows = _metric(server.url, 'recserve_batch_size_sum{model="default"}')
+    answers = _post_together(server.url, bodies)
+    for body, answer in zip(bodies, answers):
+        assert answer.status_code == 200, answer.text
+        assert answer.content == demo_processor.process(body)[1]
+    assert _merged_count(server.url) - before >= 2
+    assert [_metric(server.url, sample) - was for sample, was in zip(_PER_REQUEST, counted)] == [12, 12, 12]
+    assert _metric(server.url, 'recserve_batch_size_sum{model="default"}') - rows == sum(batches)
