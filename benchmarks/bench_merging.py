@@ -137,16 +137,20 @@ merged runs still went through the session group's dynamic batcher (max_batch_si
 gives the group one: a GIL-holding Python runner and a batcher-thread hop a run; merged
 runs now skip it, as SessionGroup.run(merged=True) does) had 1.80-1.87x and 2.01x.
 
-The table above (2026-11-26 07:55-08:00 UTC, commit 97e1f11: the merged calls' metrics
-recorded at once, load 0.9-3.5): merging on/off one process 2.16x (31,851 vs 14,755 req/s,
-p99 4.1 vs 8.5 ms; on 31 us a request, 6 in its handler), met; `--workers 2` 1.42x while the
-load average rose to 3.5, and 1.62x in a re-run of that row alone minutes later (28,444 vs
-17,613 req/s, p99 5.3 vs 9.0 ms; load 1.1-2.9): it sits on its 1.5x line on this shared
-machine. What moved one process over 2x: a merged call's metrics recorded under one lock
-(ServerMetrics.observe_merged; py-spy had observe at 11% of a merged request's CPU): A/B,
-3 alternating rounds, on 29.6-33.4 vs 32.5-37.9 us a request. EAS front end, merging off:
-29 us outside the handler against the bare app's 30 us at batch 1 (0.97x) and 37 against
-39 us at batch 64 (0.97x), met: answers written together at the end of the loop's pass
+The table above (2026-11-26 08:21-08:26 UTC, commit 1161a52,
+load 1.2-2.7): merging on/off one process 2.28x (41,235 vs 18,128 req/s, p99 2.0 vs 7.0
+ms; on 24 us of server CPU a request, 4 in its handler), `--workers 2` 2.15x (42,612 vs
+19,822 req/s, p99 3.1 vs 7.9 ms), both met. The run before, at 07:55 (commit 97e1f11, load
+0.9-3.5): one process 2.16x, `--workers 2` 1.42x (1.62x in a re-run of that row). What
+moved them: a merged call's metrics recorded at once (ServerMetrics.observe_merged:
+RequestRecorder.many in one process, one lock and the shared latency's bucket found once,
+py-spy had observe at 11% of a merged request's CPU, A/B on 29.6-33.4 vs 32.5-37.9 us a
+request; PooledRecorder.many in a worker pool, one add per histogram bucket hit instead of a
+prometheus_client multiprocess update (lock, getpid(), mmap write) per value: --workers 2
+on fell from 52-56 to 35-39 us a request, and the row from 1.42-1.62x to 1.96-2.36x in three
+runs). EAS front end, merging off: 34 us outside the handler against the bare app's 38 us at
+batch 1 (0.90x; 0.97x at 07:55) and 41 against 35 us at batch 64 (1.17x; 0.97x at 07:55),
+met: answers written together at the end of the loop's pass
 (recserve.server.write_coalescer) took ~10 us of wake-ups off each (the idle run at 05:46
 had 51 and 55 us)."""
 
