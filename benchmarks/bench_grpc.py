@@ -100,7 +100,15 @@ moved its CPU per call by less than run-to-run noise (213-240 us against 217 us)
 `Processor.process` alone inside grpcio's sync server costs about the goal or more
 (1.16-1.51x the floor in these runs; the aio server no less); what is left is the
 Processor's own cost in those threads (the native route, outside this issue's files),
-grpcio's per-call Python, and the servicer's ~10 us."""
+grpcio's per-call Python, and the servicer's ~10 us.
+
+A gRPC front end without Python, tried (2026-11-26, load 2.3-2.8): benchmarks/peers/grpcxx_fixed.cc,
+grpc++ 1.51 (Debian's libgrpc++-dev) with a callback generic service answering the same
+fixed bytes, alternated with grpc_fixed.py under this benchmark's client (`_calls`, 4
+threads, 3 rounds): 97-106 us of server CPU a call against grpcio's 268-319 us (0.35x), at
+18,400-21,100 against 11,600-13,800 calls/s. A grpc++ server calling the native route
+(rs_route_process: 16 us a batch-1 call here) would cost ~115 us a call where recserve's
+servicer costs ~410; not built yet (it needs the Python fallbacks and the build in CI)."""
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes, metrics: str | None = None,
