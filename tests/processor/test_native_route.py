@@ -40,6 +40,35 @@ def _served(processor: Processor) -> int:
     return int(processor.model_info()["native_route"]["served"])
 
 
+def _serve_while_versions_swap(processor: Processor, requests: list[bytes],
+                               answers: dict[str, list[tuple[int, bytes]]], callers: str) -> None:
+    """Three threads serve `requests` while versions "1" and "2" swap six times: each answer
+    is one of the two versions' (`answers[version][j]` for request j), never a mix or a
+    crash, and the native route served some of them."""
+    stop = threading.Event()
+
+    def hammer(k: int) -> int:
+        served, i = 0, k
+        while not stop.is_set():
+            j = i % len(requests)
+            got = processor.process(requests[j])
+            assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
+            served += 1
+            i += 1
+        return served
+
+    before = _served(processor)
+    workers = Threads([lambda k=k: hammer(k) for k in range(3)], callers)
+    try:
+        for swap in range(6):
+            processor.load_version("1" if swap % 2 else "2")
+            stop.wait(0.1)
+            workers.check()
+    finally:
+        stop.set()
+    assert sum(workers.join(WAIT)) > 0 and _served(processor) > before
+
+
 def _assert_native_equals_python(processor: Processor, data: bytes, monkeypatch: pytest.MonkeyPatch,
                                  native: bool = True) -> None:
     want = _python_route(processor, data, monkeypatch)

@@ -8,7 +8,6 @@ bytes, and the embeddings must equal the independent reference (recserve.export.
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,12 +22,16 @@ from recserve.model_spec import EmbeddingBinding
 from recserve.processor import servable as servable_module
 from recserve.wire import codec
 from recserve.wire.codec import decode_response, encode_request
-from tests.processor.test_native_route import WAIT, _assert_native_equals_python, _python_route, _served
+from tests.processor.test_native_route import (
+    _assert_native_equals_python,
+    _python_route,
+    _serve_while_versions_swap,
+    _served,
+)
 from tests.processor.test_native_route_tfs import _native as _tfs_native
 from tests.processor.test_native_route_tfs import _python_route as _tfs_python_route
 from tests.processor.test_native_route_tfs import _request as _tfs_request
 from tests.processor.test_native_route_tfs import _tensor
-from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
 
@@ -193,27 +196,6 @@ def test_threads_key_integer_ids_natively_while_versions_swap(
                 _assert_native_equals_python(p, r, monkeypatch)
             answers[version] = [_python_route(p, r, monkeypatch) for r in requests]
         assert answers["1"] != answers["2"]
-        stop = threading.Event()
-
-        def hammer(k: int) -> int:
-            served, i = 0, k
-            while not stop.is_set():
-                j = i % len(requests)
-                got = p.process(requests[j])
-                assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
-                served += 1
-                i += 1
-            return served
-
-        before = _served(p)
-        workers = Threads([lambda k=k: hammer(k) for k in range(3)], "integer-vocabulary callers")
-        try:
-            for swap in range(6):
-                p.load_version("1" if swap % 2 else "2")
-                stop.wait(0.1)
-                workers.check()
-        finally:
-            stop.set()
-        assert sum(workers.join(WAIT)) > 0 and _served(p) > before
+        _serve_while_versions_swap(p, requests, answers, "integer-vocabulary callers")
     finally:
         p.close()

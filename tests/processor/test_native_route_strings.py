@@ -24,9 +24,9 @@ from tests.processor.test_native_route import (
     WAIT,
     _assert_native_equals_python,
     _python_route,
+    _serve_while_versions_swap,
     _served,
 )
-from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(codec._native is None, reason="routes need the native parser (RECSERVE_PURE_PYTHON=1)")
 
@@ -176,28 +176,7 @@ def test_threads_key_strings_natively_while_versions_swap(tmp_path: Path, monkey
             p.load_version(version)
             answers[version] = [_python_route(p, r, monkeypatch) for r in requests]
         assert answers["1"] != answers["2"]
-        stop = threading.Event()
-
-        def hammer(k: int) -> int:
-            served, i = 0, k
-            while not stop.is_set():
-                j = i % len(requests)
-                got = p.process(requests[j])
-                assert got in (answers["1"][j], answers["2"][j]), got[1][:200]
-                served += 1
-                i += 1
-            return served
-
-        before = _served(p)
-        workers = Threads([lambda k=k: hammer(k) for k in range(3)], "string-keyed callers")
-        try:
-            for swap in range(6):
-                p.load_version("1" if swap % 2 else "2")
-                stop.wait(0.1)
-                workers.check()
-        finally:
-            stop.set()
-        assert sum(workers.join(WAIT)) > 0 and _served(p) > before
+        _serve_while_versions_swap(p, requests, answers, "string-keyed callers")
     finally:
         p.close()
 
