@@ -132,6 +132,20 @@ def _python_merging(processor: Processor, bodies: list[bytes], max_rows: int,
         return processor.process_many(bodies, traces, max_rows), traces
 
 
+def _natively_merged(processor: Processor, bodies: list[bytes], max_rows: int,
+                       monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """`process_many` of `bodies` on the native route: every request served natively, each
+    answer byte for byte its unmerged one and the Python merged path's; how many requests
+    shared each one's run (RequestTrace.merged_with)."""
+    alone = [processor.process(b) for b in bodies]
+    before = _native(processor)["served"]
+    traces = [RequestTrace() for _ in bodies]
+    assert processor.process_many(bodies, traces, max_rows) == alone
+    assert _native(processor)["served"] - before == len(bodies)
+    assert _python_merging(processor, bodies, max_rows, monkeypatch)[0] == alone
+    return [t.merged_with for t in traces]
+
+
 def _plain_model(tmp_path: Path, nodes: list, inputs: list, outputs: list, initializers: list) -> Path:
     from onnx import helper, save
 
@@ -203,13 +217,7 @@ def test_native_merging_of_the_folded_concat_model(plain, plain_processor: Proce
     """The plain DLRM model: 26 lookups and a Concat the route folds, per request, before the merge."""
     rng = np.random.default_rng(8)
     bodies = [encode_request(plain.sample(b, rng)) for b in (1, 2, 64, 1, 5)]
-    alone = [plain_processor.process(b) for b in bodies]
-    before = _native(plain_processor)["served"]
-    traces = [RequestTrace() for _ in bodies]
-    assert plain_processor.process_many(bodies, traces, 128) == alone
-    assert _native(plain_processor)["served"] - before == len(bodies)
-    assert [t.merged_with for t in traces] == [5] * 5
-    assert _python_merging(plain_processor, bodies, 128, monkeypatch)[0] == alone
+    assert _natively_merged(plain_processor, bodies, 128, monkeypatch) == [5] * 5
 
 
 @native_only
@@ -303,13 +311,7 @@ def test_native_merging_with_dynamic_batching_on_runs_past_the_batcher(
         assert isinstance(native._merged_runner, native_route.OrtRunner)
         rng = np.random.default_rng(21)
         bodies = [encode_request(sample(b, rng)) for b in (1, 4, 1, 2)]
-        alone = [p.process(b) for b in bodies]
-        before = _native(p)["served"]
-        traces = [RequestTrace() for _ in bodies]
-        assert p.process_many(bodies, traces, 64) == alone
-        assert _native(p)["served"] - before == len(bodies)
-        assert [t.merged_with for t in traces] == [4] * 4
-        assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
+        assert _natively_merged(p, bodies, 64, monkeypatch) == [4] * 4
     finally:
         p.close()
 
@@ -380,13 +382,7 @@ def test_native_merging_of_integer_vocabulary_ids(tmp_path: Path, monkeypatch: p
     try:
         rng = np.random.default_rng(31)
         bodies = [encode_request(model.sample(b, rng)) for b in (1, 5, 2, 1)]
-        alone = [p.process(b) for b in bodies]
-        before = _native(p)["served"]
-        traces = [RequestTrace() for _ in bodies]
-        assert p.process_many(bodies, traces, 64) == alone
-        assert _native(p)["served"] - before == len(bodies)
-        assert [t.merged_with for t in traces] == [4] * 4
-        assert _python_merging(p, bodies, 64, monkeypatch)[0] == alone
+        assert _natively_merged(p, bodies, 64, monkeypatch) == [4] * 4
     finally:
         p.close()
 
