@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
+from recserve.server.metrics import PooledRecorder
 from tests.threads import Threads
 
 BUCKETS = (0.0001, 0.001, 0.25, 1.0, 2.5)
@@ -23,6 +25,16 @@ def _families(local: LocalMetrics, registry: CollectorRegistry) -> tuple[tuple[o
               Counter("t_refused", "Refused.", registry=registry),
               Histogram("t_seconds", "Seconds.", ["model"], buckets=BUCKETS, registry=registry))
     return ours, theirs
+
+
+def _request_families(counter: Any, histogram: Any) -> tuple[Any, ...]:
+    """The families a request is recorded into (as ServerMetrics has them), made by
+    `counter(name, help, labels)` and `histogram(name, help, labels, buckets)`."""
+    return (counter("t_requests", "Requests.", ["model", "route", "code"]),
+            histogram("t_seconds", "Seconds.", ["model", "route"], BUCKETS),
+            counter("t_cpu", "CPU.", ["model", "route"]),
+            histogram("t_stage", "Stages.", ["model", "stage"], BUCKETS),
+            histogram("t_batch", "Rows.", ["model"], (1.0, 8.0, 64.0)))
 
 
 def _without_created_values(text: bytes) -> str:
@@ -91,19 +103,12 @@ def test_request_recorder_same_text_as_prometheus_client_updates() -> None:
     ours_registry = CollectorRegistry()
     ours_registry.register(local)
 
-    def families(counter: Any, histogram: Any) -> tuple[Any, ...]:
-        return (counter("t_requests", "Requests.", ["model", "route", "code"]),
-                histogram("t_seconds", "Seconds.", ["model", "route"], BUCKETS),
-                counter("t_cpu", "CPU.", ["model", "route"]),
-                histogram("t_stage", "Stages.", ["model", "stage"], BUCKETS),
-                histogram("t_batch", "Rows.", ["model"], (1.0, 8.0, 64.0)))
-
-    requests, seconds, cpu, stage, batch = families(
+    requests, seconds, cpu, stage, batch = _request_families(
         lambda *a: LocalCounter(local, *a), lambda *a: LocalHistogram(local, *a))
     stages = ("decode", "lookup", "run", "encode")
     record = RequestRecorder(local.lock, requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
                              cpu.labels("m", "eas"), [stage.labels("m", s) for s in stages], batch.labels("m"))
-    p_requests, p_seconds, p_cpu, p_stage, p_batch = families(
+    p_requests, p_seconds, p_cpu, p_stage, p_batch = _request_families(
         lambda *a: Counter(*a, registry=registry), lambda *a: Histogram(*a[:3], buckets=a[3], registry=registry))
     for name in stages:  # the children made in the same order (as ServerMetrics makes them up front)
         p_stage.labels("m", name)
@@ -135,63 +140,47 @@ def test_request_recorder_same_text_as_prometheus_client_updates() -> None:
     assert 't_stage_count{model="m",stage="lookup"} 4000.0' in ours_text.decode()  # zeros are not observed
 
 
-def test_a_merged_calls_requests_recorded_at_once_read_as_recorded_one_by_one() -> None:
-    """RequestRecorder.many (a merged call's requests: one latency, CPU shared by rows) reads
-    as `record` called for each of them."""
-    stages = ("decode", "lookup", "run", "encode")
-
-    def recorder() -> tuple[CollectorRegistry, RequestRecorder]:
-        local, registry = LocalMetrics(), CollectorRegistry()
+def _recorder(pooled: bool) -> tuple[CollectorRegistry, RequestRecorder | PooledRecorder]:
+    """A request recorder and the registry that reads it: one process's (local_metrics'
+    values, RequestRecorder) or a worker pool's (prometheus_client's children, PooledRecorder)."""
+    registry = CollectorRegistry()
+    if pooled:
+        families = _request_families(lambda *a: Counter(*a, registry=registry),
+                                     lambda *a: Histogram(*a[:3], buckets=a[3], registry=registry))
+    else:
+        local = LocalMetrics()
         registry.register(local)
-        requests = LocalCounter(local, "t_requests", "Requests.", ["model", "route", "code"])
-        seconds = LocalHistogram(local, "t_seconds", "Seconds.", ["model", "route"], BUCKETS)
-        cpu = LocalCounter(local, "t_cpu", "CPU.", ["model", "route"])
-        stage = LocalHistogram(local, "t_stage", "Stages.", ["model", "stage"], BUCKETS)
-        batch = LocalHistogram(local, "t_batch", "Rows.", ["model"], (1.0, 8.0, 64.0))
-        return registry, RequestRecorder(local.lock, requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
-                                         cpu.labels("m", "eas"), [stage.labels("m", s) for s in stages],
-                                         batch.labels("m"))
+        families = _request_families(lambda *a: LocalCounter(local, *a), lambda *a: LocalHistogram(local, *a))
+    requests, seconds, cpu, stage, batch = families
+    children = (requests.labels("m", "eas", "200"), seconds.labels("m", "eas"), cpu.labels("m", "eas"),
+                [stage.labels("m", s) for s in ("decode", "lookup", "run", "encode")], batch.labels("m"))
+    return registry, PooledRecorder(*children) if pooled else RequestRecorder(local.lock, *children)
 
-    took, per_row = 2 ** -10, 2 ** -16
-    stage_seconds = [(2 ** -16, 0.0, 2 ** -12, 0.25), (0.0, 2 ** -13, 2 ** -12, 2 ** -14), (1.0, 1.0, 1.0, 1.0)]
-    rows = [1, 0, 64]
-    at_once, many = recorder()
-    many.many(took, per_row, stage_seconds, rows)
-    one_by_one, record = recorder()
+
+PER_ROW = 2 ** -16
+
+
+@pytest.mark.parametrize(("pooled", "stage_seconds", "rows", "lines"), [
+    (False, [(2 ** -16, 0.0, 2 ** -12, 0.25), (0.0, 2 ** -13, 2 ** -12, 2 ** -14), (1.0, 1.0, 1.0, 1.0)], [1, 0, 64],
+     ['t_requests_total{code="200",model="m",route="eas"} 3.0',
+      f't_cpu_total{{model="m",route="eas"}} {PER_ROW * 66}']),  # the row-less request counts one row
+    (True, [(2 ** -16, 0.0, 2 ** -12, 0.25), (0.0, 2 ** -13, 2 ** -12, 2 ** -14), (1.0, 1.0, 1.0, 100.0),
+            (2 ** -16, 2 ** -16, 2 ** -16, 2 ** -16)], [1, 0, 64, 100],
+     ['t_stage_bucket{le="+Inf",model="m",stage="encode"} 4.0', 't_batch_bucket{le="64.0",model="m"} 2.0',
+      't_batch_count{model="m"} 3.0']),
+], ids=["one-process", "worker-pool"])
+def test_a_merged_calls_requests_recorded_at_once_read_as_recorded_one_by_one(
+        pooled: bool, stage_seconds: list[tuple[float, ...]], rows: list[int], lines: list[str]) -> None:
+    """`many` (a merged call's requests: one latency, CPU shared by rows) reads as the
+    recorder called for each of them: RequestRecorder in one process, PooledRecorder (a
+    worker pool's prometheus_client children) as prometheus_client's own calls one by one."""
+    took = 2 ** -10
+    at_once, recorder = _recorder(pooled)
+    recorder.many(took, PER_ROW, stage_seconds, rows)
+    one_by_one, single = _recorder(pooled)
     for spent, count in zip(stage_seconds, rows):
-        record(took, per_row * max(count, 1), spent, count)
+        single(took, PER_ROW * max(count, 1), spent, count)
     text = generate_latest(at_once).decode()
     assert _without_created_values(text.encode()) == _without_created_values(generate_latest(one_by_one))
-    assert 't_requests_total{code="200",model="m",route="eas"} 3.0' in text
-    assert f't_cpu_total{{model="m",route="eas"}} {per_row * 66}' in text  # the row-less request counts one row
-
-
-def test_a_worker_pools_merged_requests_recorded_at_once_read_as_one_by_one() -> None:
-    """PooledRecorder.many (a worker pool's prometheus_client children) reads as the same
-    requests observed one by one with prometheus_client's own calls."""
-    from recserve.server.metrics import PooledRecorder
-
-    def children() -> tuple[CollectorRegistry, PooledRecorder]:
-        registry = CollectorRegistry()
-        requests = Counter("t_requests", "Requests.", ["model", "route", "code"], registry=registry)
-        seconds = Histogram("t_seconds", "Seconds.", ["model", "route"], buckets=BUCKETS, registry=registry)
-        cpu = Counter("t_cpu", "CPU.", ["model", "route"], registry=registry)
-        stage = Histogram("t_stage", "Stages.", ["model", "stage"], buckets=BUCKETS, registry=registry)
-        batch = Histogram("t_batch", "Rows.", ["model"], buckets=(1.0, 8.0, 64.0), registry=registry)
-        stages = [stage.labels("m", s) for s in ("decode", "lookup", "run", "encode")]
-        return registry, PooledRecorder(requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
-                                        cpu.labels("m", "eas"), stages, batch.labels("m"))
-
-    took, per_row = 2 ** -10, 2 ** -16
-    stage_seconds = [(2 ** -16, 0.0, 2 ** -12, 0.25), (0.0, 2 ** -13, 2 ** -12, 2 ** -14), (1.0, 1.0, 1.0, 100.0),
-                     (2 ** -16, 2 ** -16, 2 ** -16, 2 ** -16)]
-    rows = [1, 0, 64, 100]
-    at_once, recorder = children()
-    recorder.many(took, per_row, stage_seconds, rows)
-    one_by_one, single = children()
-    for spent, count in zip(stage_seconds, rows):
-        single(took, per_row * max(count, 1), spent, count)
-    text = generate_latest(at_once).decode()
-    assert _without_created_values(text.encode()) == _without_created_values(generate_latest(one_by_one))
-    assert 't_stage_bucket{le="+Inf",model="m",stage="encode"} 4.0' in text
-    assert 't_batch_bucket{le="64.0",model="m"} 2.0' in text and 't_batch_count{model="m"} 3.0' in text
+    for line in lines:
+        assert line in text
