@@ -56,6 +56,37 @@ static PyObject* bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* The rs_route_slot whose address is `arg`; NULL with a Python error set. */
+static rs_route_slot* slot_of(PyObject* arg, const char* name) {
+    rs_route_slot* slot = PyLong_AsVoidPtr(arg);
+    if (!slot && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "%s: the slot address must not be 0", name);
+    return slot;
+}
+
+/* One request's bytes: read in place, or `view` holding a buffer export (release it: a no-op
+ * when none was taken); size -1 for an object that is not one contiguous buffer (a strided
+ * memoryview: the Python route's). */
+static int payload(PyObject* obj, Py_buffer* view, const uint8_t** data, int64_t* size) {
+    if (PyBytes_CheckExact(obj)) {
+        *data = (const uint8_t*)PyBytes_AS_STRING(obj);
+        *size = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear(); /* the Python route's */
+        view->obj = NULL;
+        *data = NULL;
+        *size = -1;
+        return 0;
+    }
+    *data = view->buf;
+    *size = view->len;
+    return 0;
+}
+
 /* One request: 200 with *out (malloc'd) the response, 0 not served, -1 a Python error set.
  * `data`: bytes or any contiguous buffer (bytearray, memoryview), read in place with the GIL
  * released -- its owner must not change it meanwhile (a resize is refused while the view is
@@ -66,28 +97,16 @@ static int call(route_process_fn function, PyObject* const* args, const char* na
         PyErr_Format(PyExc_RuntimeError, "%s: bind(address of rs_route_process) was not called", name);
         return -1;
     }
-    rs_route_slot* slot = PyLong_AsVoidPtr(args[0]);
-    if (!slot) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "%s: the slot address must not be 0", name);
+    rs_route_slot* slot = slot_of(args[0], name);
+    if (!slot)
         return -1;
-    }
     Py_buffer view = {0};
     const uint8_t* data;
-    Py_ssize_t size;
-    if (PyBytes_CheckExact(args[1])) {   /* the common case: no buffer export to undo */
-        data = (const uint8_t*)PyBytes_AS_STRING(args[1]);
-        size = PyBytes_GET_SIZE(args[1]);
-    } else {
-        if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_TypeError))
-                return -1;
-            PyErr_Clear();   /* not one contiguous buffer (a strided memoryview): the Python route's */
-            return 0;
-        }
-        data = view.buf;
-        size = view.len;
-    }
+    int64_t size;
+    if (payload(args[1], &view, &data, &size) < 0)
+        return -1;
+    if (size < 0)
+        return 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = function(slot, data, size, out, out_size, info);
@@ -163,12 +182,9 @@ static PyObject* process_values(PyObject* module, PyObject* const* args, Py_ssiz
         PyErr_SetString(PyExc_RuntimeError, "process_values: bind() was not called");
         return NULL;
     }
-    rs_route_slot* slot = PyLong_AsVoidPtr(args[0]);
-    if (!slot) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "process_values: the slot address must not be 0");
+    rs_route_slot* slot = slot_of(args[0], "process_values");
+    if (!slot)
         return NULL;
-    }
     for (int i = 1; i < 4; i++)
         if (!PyBytes_CheckExact(args[i])) {
             PyErr_Format(PyExc_TypeError, "process_values: argument %d must be bytes", i + 1);
@@ -197,28 +213,6 @@ static PyObject* process_values(PyObject* module, PyObject* const* args, Py_ssiz
                          (long long)info[RS_INFO_REASON]);
 }
 
-/* One request's buffers for process_many: its bytes read in place, or `view` holding a
- * buffer export (release it); size -1 for an object that is not one contiguous buffer. */
-static int payload(PyObject* obj, Py_buffer* view, const uint8_t** data, int64_t* size) {
-    if (PyBytes_CheckExact(obj)) {
-        *data = (const uint8_t*)PyBytes_AS_STRING(obj);
-        *size = PyBytes_GET_SIZE(obj);
-        return 0;
-    }
-    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_TypeError))
-            return -1;
-        PyErr_Clear(); /* the Python route's */
-        view->obj = NULL;
-        *data = NULL;
-        *size = -1;
-        return 0;
-    }
-    *data = view->buf;
-    *size = view->len;
-    return 0;
-}
-
 /* process_many(slot, payloads, max_rows) -> list: rs_route_process_many over a list of EAS
  * PredictRequests (bytes or contiguous buffers, read in place with the GIL released), per
  * request None when the route did not serve it (counted natively; an object that is not a
@@ -234,12 +228,9 @@ static PyObject* process_many(PyObject* module, PyObject* const* args, Py_ssize_
         PyErr_SetString(PyExc_RuntimeError, "process_many: bind() was not called");
         return NULL;
     }
-    rs_route_slot* slot = PyLong_AsVoidPtr(args[0]);
-    if (!slot) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "process_many: the slot address must not be 0");
+    rs_route_slot* slot = slot_of(args[0], "process_many");
+    if (!slot)
         return NULL;
-    }
     if (!PyList_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "process_many: payloads must be a list");
         return NULL;
