@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, request_cpu_seconds, tree_cpu_seconds, wait_ready, wrk
+from benchmarks.load_tools import (
+    free_port,
+    post_script,
+    request_cpu_seconds,
+    serve_process,
+    tree_cpu_seconds,
+    wait_ready,
+    wrk,
+)
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -23,7 +29,6 @@ from recserve.perf.client_pool import ClientPool
 from recserve.perf.results import summarize
 from recserve.wire.codec import encode_request
 
-ROOT = Path(__file__).resolve().parent.parent
 NOTES = """Demo model (`recserve demo`), one server process on loopback, wrk -t1 -c16 (CPU rows) or
 -t2 (overload rows) with a Lua script posting one fixed PredictRequest to
 `/api/predict/default`. Server CPU per request = the server process's user+system CPU
@@ -68,9 +73,7 @@ def run() -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="recserve-bench-frontdoor-"))
     demo = write_demo(root / "demo")
     http_port, grpc_port = free_port(), free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
-         str(demo.config_path), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
+    server = serve_process(demo.config_path, http_port, grpc_port)
     base = f"http://127.0.0.1:{http_port}"
     url = f"{base}/api/predict/default"
     rows: list[Row] = []
@@ -142,9 +145,7 @@ def _shorter_wait_rows(root: Path, config_path: Path, script: Path) -> list[Row]
     config = root / "wait30.json"
     config.write_text(json.dumps(json.loads(config_path.read_text()) | {"max_queue_ms": 30}))
     http_port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
-         "--http-port", str(http_port), "--grpc-port", str(free_port())], cwd=ROOT)
+    server = serve_process(config, http_port)
     try:
         wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
         return _overload_rows(f"http://127.0.0.1:{http_port}/api/predict/default", script, " (max_queue_ms 30)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from benchmarks.load_tools import free_port, request_cpu_seconds, tree_cpu_seconds, wait_ready
+from benchmarks.load_tools import free_port, request_cpu_seconds, serve_process, tree_cpu_seconds, wait_ready
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -175,9 +175,7 @@ def _refusal_cpu(root: Path, config: dict[str, object], body: bytes, answer: Pat
                        "max_queue_ms": 120_000}
     (root / "parked.json").write_text(json.dumps(parked))
     http_port, grpc_port, peer_port = free_port(), free_port(), free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
-         str(root / "parked.json"), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
+    server = serve_process(root / "parked.json", http_port, grpc_port)
     peer = subprocess.Popen([sys.executable, "-m", "benchmarks.peers.grpc_fixed", str(peer_port), str(WORKERS),
                              str(answer)], cwd=ROOT, stdout=subprocess.PIPE)
     target = f"127.0.0.1:{grpc_port}"
@@ -216,16 +214,11 @@ def run() -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="recserve-bench-grpc-"))
     demo = write_demo(root / "demo")
     http_port, grpc_port, peer_port, bare_port = free_port(), free_port(), free_port(), free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
-         str(demo.config_path), "--http-port", str(http_port), "--grpc-port", str(grpc_port)], cwd=ROOT)
+    server = serve_process(demo.config_path, http_port, grpc_port)
     # The baseline of the TF Serving native-route rows: the same server on the Python route
     # (what TF Serving Predict took before it had a native entry).
     python_http, python_grpc = free_port(), free_port()
-    python_server = subprocess.Popen(
-        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
-         str(demo.config_path), "--http-port", str(python_http), "--grpc-port", str(python_grpc)], cwd=ROOT,
-        env=dict(os.environ, RECSERVE_NATIVE_ROUTE="0"))
+    python_server = serve_process(demo.config_path, python_http, python_grpc, env={"RECSERVE_NATIVE_ROUTE": "0"})
     peer = bare = None
     rows: list[Row] = []
     try:

@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, wait_ready, wrk
+from benchmarks.load_tools import free_port, post_script, serve_process, tree_cpu_seconds, wait_ready, wrk
 from benchmarks.models import build_plain_dlrm
 from benchmarks.report import Row
 
@@ -83,19 +82,14 @@ def run() -> list[Row]:
         config.write_text(json.dumps(model.config(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
                                                   max_queue_ms=60_000)))
         ours_port, peer_port, python_port = free_port(), free_port(), free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
-             "--http-port", str(ours_port), "--grpc-port", str(free_port())], cwd=ROOT))
+        procs.append(serve_process(config, ours_port))
         procs.append(subprocess.Popen(
             [str(PEER_PYTHON), str(ROOT / "benchmarks" / "peers" / "kserve_onnx.py"), str(model.onnx_path), "plain",
              str(peer_port), str(free_port()), "--configure_logging", "false"], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         # recserve with its native route off: Processor.predict on the Python route, as the
         # KServe handlers served before recserve.processor.native_predict.
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
-             "--http-port", str(python_port), "--grpc-port", str(free_port())], cwd=ROOT,
-            env={**os.environ, "RECSERVE_NATIVE_ROUTE": "0"}))
+        procs.append(serve_process(config, python_port, env={"RECSERVE_NATIVE_ROUTE": "0"}))
         ours = f"http://127.0.0.1:{ours_port}/v2/models/default/infer"
         peer = f"http://127.0.0.1:{peer_port}/v2/models/plain/infer"
         python = f"http://127.0.0.1:{python_port}/v2/models/default/infer"

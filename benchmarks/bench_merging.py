@@ -16,7 +16,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, request_cpu_seconds, tree_cpu_seconds, wait_ready, wrk
+from benchmarks.load_tools import (
+    free_port,
+    post_script,
+    request_cpu_seconds,
+    serve_process,
+    tree_cpu_seconds,
+    wait_ready,
+    wrk,
+)
 from benchmarks.report import Row
 from recserve.export.demo import write_demo
 from recserve.wire.codec import encode_request
@@ -165,10 +173,9 @@ class _Server:
     def __init__(self, root: Path, config: dict[str, Any], name: str, *extra: str) -> None:
         path = root / f"{name}.json"
         path.write_text(json.dumps(config))
-        self.base = f"http://127.0.0.1:{free_port()}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(path),
-             "--http-port", self.base.rsplit(":", 1)[1], "--grpc-port", str(free_port()), *extra], cwd=ROOT)
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.process = serve_process(path, port, None, *extra)
 
     @property
     def url(self) -> str:

@@ -13,7 +13,6 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,7 +24,7 @@ import grpc
 import httpx
 import numpy as np
 
-from benchmarks.load_tools import free_port
+from benchmarks.load_tools import free_port, serve_process
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
@@ -36,7 +35,6 @@ CLIENTS = 16
 PROCESSES = 4  # client processes (CLIENTS / PROCESSES threads each): one Python process is GIL-bound
 SECONDS = 3.0
 BATCHES = (1, 64)
-ROOT = Path(__file__).resolve().parent.parent
 NOTES = f"""Demo model (`recserve demo`: 6 embedding bindings, 3 dense features, MLP 51-32-16-1),
 one ORT session with 1 intra-op thread, as its config.json says. {CLIENTS} clients in {PROCESSES}
 processes (httpx with one keep-alive TCP_NODELAY connection per client; one gRPC channel
@@ -143,10 +141,7 @@ def _kserve_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, int]:
 def _start_server(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     http_port, grpc_port = free_port(), free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config",
-             str(config), "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = serve_process(config, http_port, grpc_port, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -14,14 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.load_tools import free_port, post_script, tree_cpu_seconds, tree_memory, wait_ready, wrk
+from benchmarks.load_tools import free_port, post_script, serve_process, tree_cpu_seconds, tree_memory, wait_ready, wrk
 from benchmarks.models import build_dlrm
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
 from recserve.wire.codec import encode_request
 
-ROOT = Path(__file__).resolve().parent.parent
 TABLE_ROWS = 15_600_000  # 26 tables x 600k rows x dim 16: 998 MB of rows, as in issue #16
 SECONDS = 6
 CORES_ESTIMATE = 32
@@ -39,9 +37,7 @@ rate until the cores run out (N = cores)."""
 
 def _start(config: Path, workers: int) -> tuple[subprocess.Popen[bytes], str, float]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
-         "--http-port", str(port), "--grpc-port", str(free_port()), "--workers", str(workers)], cwd=ROOT)
+    process = serve_process(config, port, None, "--workers", str(workers))
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     try:

@@ -1,6 +1,6 @@
-"""What the server benchmarks (and the worker memory test) share: free ports, wrk runs
-with a binary POST body, and the CPU and memory of a server's whole process tree (and the
-share of that CPU its requests' handlers report)."""
+"""What the server benchmarks (and the worker memory test) share: `recserve serve` in a
+subprocess, free ports, wrk runs with a binary POST body, and the CPU and memory of a
+server's whole process tree (and the share of that CPU its requests' handlers report)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,27 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["free_port", "post_script", "process_tree", "request_cpu_seconds", "tree_cpu_seconds", "tree_memory", "wait_ready", "wrk"]
+__all__ = ["free_port", "post_script", "process_tree", "request_cpu_seconds", "serve_process", "tree_cpu_seconds",
+           "tree_memory", "wait_ready", "wrk"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def serve_process(config: Path | str, http_port: int, grpc_port: int | None = None, *extra: str,
+                  env: Mapping[str, str] | None = None, **popen: Any) -> subprocess.Popen[bytes]:
+    """`recserve serve --config config` in a subprocess (WARNING logs) on `http_port` and
+    `grpc_port` (a free one if None); `extra`: more of its flags; `env`: added to this
+    process's environment; `popen`: subprocess.Popen's other arguments (stdout, ...)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "recserve.server.cli", "--log-level", "WARNING", "serve", "--config", str(config),
+         "--http-port", str(http_port), "--grpc-port", str(free_port() if grpc_port is None else grpc_port), *extra],
+        cwd=ROOT, env=None if env is None else {**os.environ, **env}, **popen)
 
 
 def free_port(*, with_cluster_bus: bool = False) -> int:
