@@ -73,6 +73,12 @@ def _client(host: str, port: int, path: str, body: bytes, headers: dict[str, str
                     counts.result.refused += 1
                     counts.result.told_to_close += keep_alive and last_said_close
                 return
+            except OSError as exc:  # the handshake raced the listener's close: a reset, counted
+                with counts.lock:
+                    counts.result.failed.append(f"new connection: connect: {exc!r}")
+                conn.close()
+                conn = None
+                continue
         try:
             conn.request("POST", path, body, headers)
             response = conn.getresponse()
