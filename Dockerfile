@@ -20,11 +20,13 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- build: the compiler and libc headers make the wheel (native libraries inside) -------
+# --- build: the compilers and headers make the wheel (native libraries inside; the gRPC
+# front end needs grpc++: RECSERVE_REQUIRE_GRPCXX fails the build without it) -------------
 FROM ${PYTHON_IMAGE} AS build
 RUN apt-get update -q \
- && apt-get install -y -q --no-install-recommends gcc libc6-dev \
+ && apt-get install -y -q --no-install-recommends gcc g++ libc6-dev libgrpc++-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
+ENV RECSERVE_REQUIRE_GRPCXX=1
 WORKDIR /src
 COPY deploy/constraints.txt deploy/
 RUN python -m venv /opt/build \
@@ -45,7 +47,11 @@ RUN /opt/build/bin/pip download -q --no-cache-dir -d /wheels -c deploy/constrain
 # then drops its dependencies' own test suites (`tests` directories, 53 MB: numpy's and
 # sympy's the most), which nothing imports.
 FROM ${PYTHON_IMAGE} AS runtime-base
-RUN useradd --create-home --home-dir /home/recserve --uid 10001 --user-group --shell /usr/sbin/nologin \
+# grpc++'s shared libraries, which the gRPC front end (librecserve_grpc_front.so) links.
+RUN apt-get update -q \
+ && apt-get install -y -q --no-install-recommends libgrpc++1.51 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --create-home --home-dir /home/recserve --uid 10001 --user-group --shell /usr/sbin/nologin \
         --no-log-init recserve \
  && python -m venv /opt/recserve
 COPY deploy/constraints.txt /opt/recserve/constraints.txt

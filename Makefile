@@ -1,16 +1,16 @@
 # The README's two commands: `make serve` and `make test`. Everything they need is
 # installed from scratch: a venv with the package (native parts compiled by its build),
-# and redis-server and valgrind from Debian's packages when the machine has none.
+# and grpc++, redis-server and valgrind from Debian's packages when the machine has none.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: peers install native redis-server valgrind wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
+.PHONY: peers install native grpcxx redis-server valgrind wrk clang container-tools serve test image-test test-sanitize fuzz fuzz-merge bench proto docs clean
 
 install: $(VENV)/.installed native
 
-$(VENV)/.installed: pyproject.toml setup.py
+$(VENV)/.installed: pyproject.toml setup.py | grpcxx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[test]'
@@ -20,8 +20,13 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 # Rebuilds the C libraries when their sources changed (editable installs do not).
-native: $(VENV)/.installed
-	$(BIN)/python setup.py -q build_ext --inplace
+# RECSERVE_REQUIRE_GRPCXX: the gRPC front end is built, or the build fails.
+native: $(VENV)/.installed grpcxx
+	RECSERVE_REQUIRE_GRPCXX=1 $(BIN)/python setup.py -q build_ext --inplace
+
+# grpc++ and a C++ compiler for the gRPC front end (native/grpc_front.cc), from Debian's packages.
+grpcxx:
+	@pkg-config --exists grpc++ 2>/dev/null && command -v g++ >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends g++ libgrpc++-dev pkg-config; }
 
 redis-server:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
@@ -75,7 +80,7 @@ SANITIZE_TESTS ?= tests/wire $(wildcard tests/embedding/test_embedding_*.py) tes
                   tests/processor/test_native_route_strings.py tests/processor/test_native_route_tfs.py \
                   tests/processor/test_native_predict.py tests/processor/test_native_route_integer_ids.py \
                   tests/processor/test_merged_runs.py \
-                  tests/runtime/test_native_runner.py
+                  tests/runtime/test_native_runner.py tests/server/test_grpc_front.py
 SANITIZE_SKIP  ?= not never_sits_in_memory and not memory_does_not_grow
 SANITIZE_ENV    = LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
                   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \

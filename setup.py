@@ -4,6 +4,7 @@ carry no CPython module init; and one CPython extension module (_route_call)."""
 
 import json
 import os
+import subprocess
 import sys
 import sysconfig
 
@@ -95,6 +96,32 @@ NATIVE = [
         extra_link_args=LDFLAGS,
     ),
 ]
+
+# The gRPC front end (C++, grpc++): built when grpc++ is installed (`make install` installs
+# Debian's libgrpc++-dev); without it the server's gRPC port is grpcio's alone.
+def _pkg_config(*args: str) -> list[str] | None:
+    try:
+        return subprocess.run(["pkg-config", *args, "grpc++"], check=True, capture_output=True,
+                              text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+GRPCXX_CFLAGS, GRPCXX_LIBS = _pkg_config("--cflags"), _pkg_config("--libs")
+if GRPCXX_CFLAGS is not None and GRPCXX_LIBS is not None:
+    NATIVE.append(
+        SharedLibrary(
+            "recserve.server.librecserve_grpc_front",
+            sources=["native/grpc_front.cc"],
+            depends=["native/route.h", "native/tfs_spec.h", "native/tfs_spec.c"],
+            include_dirs=["native"],
+            extra_compile_args=[flag for flag in CFLAGS if flag != "-std=c11"] + ["-std=c++17", "-pthread",
+                                                                                  *GRPCXX_CFLAGS],
+            extra_link_args=["-pthread", *GRPCXX_LIBS, "-lstdc++", *LDFLAGS],
+        )
+    )
+elif os.environ.get("RECSERVE_REQUIRE_GRPCXX") == "1":
+    raise SystemExit("grpc++ is not installed (pkg-config grpc++ failed): `make install` installs libgrpc++-dev")
 
 # The C ABI shim embeds CPython, so it links the interpreter's shared library.
 if os.path.exists("native/processor_shim.c"):

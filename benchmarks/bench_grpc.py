@@ -22,6 +22,7 @@ from benchmarks.load_tools import free_port, request_cpu_seconds, serve_process,
 from benchmarks.report import Row
 from recserve import Processor
 from recserve.export.demo import write_demo
+from recserve.perf.payloads import kserve_grpc_message
 from recserve.server.runner import WORKERS
 from recserve.wire.codec import encode_request
 from recserve.wire.tfserving_codec import encode_predict_request
@@ -31,6 +32,7 @@ THREADS, SECONDS, ROUNDS = 4, 4.0, 3
 TFS_ROUNDS = 4
 METHOD = "/tensorflow.eas.PredictionService/Predict"
 TFS_METHOD = "/tensorflow.serving.PredictionService/Predict"
+KSERVE_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 NOTES = f"""Demo model (`recserve demo`). One client process of {THREADS} threads, each calling
 `{METHOD}` with the same PredictRequest bytes (one channel, raw bytes, no client-side
 parsing) for {SECONDS:.0f} s, against `recserve serve` and against a minimal grpcio sync server
@@ -39,10 +41,20 @@ own answer bytes; {ROUNDS} alternating rounds, the lower CPU per call of each ke
 call = user+system CPU of the server's process tree over the calls answered; in-process =
 `Processor.process` CPU per call on the same bytes in the benchmark's process. Goal: (server -
 in-process) <= 1.2x the floor's CPU per call. The row splits the server's CPU with
-recserve_request_cpu_seconds_total into the calls' handlers (lease to answer:
-`Processor.process` and the servicer's work around it) and the rest (grpcio, the servicer
-outside the dispatcher). Inside the server the handler costs 3-4x `Processor.process` in
-the benchmark's own loop. The Processor runs cold there: its code and data leave the caches
+recserve_request_cpu_seconds_total into the native route's calls and the rest (the gRPC
+front end: grpc++ and what it does around the route).
+
+The gRPC front end (issue 25, 2026-11-26; recserve/server/grpc_front.py, native/grpc_front.cc):
+grpc++ on the port answers EAS and TF Serving Predict on the native route with no Python
+and forwards every other call to grpcio's servicers. Its rows: the same server started with
+RECSERVE_GRPC_FRONT=0 (grpcio's servicer calling `Processor.process`, as before) in the same
+rounds; KServe ModelInfer, which the front end forwards, against that server too (what a
+forwarded call costs more: the extra hop through grpc++ on both sides of a Unix socket).
+The refusal row's server batches dynamically, so its calls are forwarded and park grpcio's
+threads, and the front end refuses the rest in C++.
+
+Before the front end (the paragraphs below; the Python servicer under grpcio): inside the
+server the handler cost 3-4x `Processor.process` in the benchmark's own loop. The Processor runs cold there: its code and data leave the caches
 between calls. In a loop of its own, on this machine, a batch-1 call took 126 us
 back to back, 261-305 us with a 0.5 ms sleep between calls, and 402-427 us after touching
 8 MB between calls; every stage grew alike. A grpc.aio server calling `Processor.process`
@@ -67,12 +79,13 @@ RECSERVE_NATIVE_ROUTE=0, where it takes the Python route it took before (native 
 lowest of {TFS_ROUNDS} rounds each; the load average is the row's at its end.
 
 Refusal row: a server whose model has max_queued_requests 1 and a 60 s dynamic-batching
-wait (max_batch_size 512), so the calls first sent park its worker threads and fill grpcio's
+wait (max_batch_size 512), so the calls first sent park its worker threads and fill the
 call limit (workers + queued + 64 for Health watches); then every call of the same client
-is refused by grpcio with RESOURCE_EXHAUSTED before it is read or reaches recserve's code,
-in grpcio's own Python. Against the minimal grpcio server answering 64 fixed bytes (batch-1
-request), alternated, lower of {ROUNDS} rounds. The limit is the server's, not one model's:
-gRPC's per-model admission is this sum (see docs/server.md, Admission).
+is refused with RESOURCE_EXHAUSTED before it is read or reaches recserve's code: by grpcio's
+own Python before the front end (123 us a refusal, 0.49x the floor), by the front end in
+C++ now. Against the minimal grpcio server answering 64 fixed bytes (batch-1 request),
+alternated, lower of {ROUNDS} rounds. The limit is the server's, not one model's: gRPC's
+per-model admission is this sum (see docs/server.md, Admission).
 
 Issue 25, earlier (two runs at commits d8d4754 and ebd86cb, load average 4-6): beyond
 `Processor.process` EAS Predict cost 352 / 463 us against the floor's 260 / 332 us at batch 1
@@ -108,7 +121,8 @@ fixed bytes, alternated with grpc_fixed.py under this benchmark's client (`_call
 threads, 3 rounds): 97-106 us of server CPU a call against grpcio's 268-319 us (0.35x), at
 18,400-21,100 against 11,600-13,800 calls/s. A grpc++ server calling the native route
 (rs_route_process: 16 us a batch-1 call here) would cost ~115 us a call where recserve's
-servicer costs ~410; not built yet (it needs the Python fallbacks and the build in CI)."""
+servicer costs ~410. Built since: the front end rows above measure it (~110 us beyond
+`Processor.process` at batch 1 and 64)."""
 
 
 def _cpu_per_call(pid: int, target: str, payload: bytes, metrics: str | None = None,
@@ -168,9 +182,10 @@ def _calls(target: str, payload: bytes) -> tuple[int, dict[str, int]]:
 
 def _refusal_cpu(root: Path, config: dict[str, object], body: bytes, answer: Path) -> Row:
     """Server CPU per RESOURCE_EXHAUSTED refusal, every call refused: the worker threads are
-    parked in a 60 s dynamic-batching wait and the call limit (workers + the model's
-    max_queued_requests + Health's headroom) is taken by parked calls; against a minimal
-    grpcio server's CPU per answered call, alternated."""
+    parked in a 60 s dynamic-batching wait (a batching model's calls are forwarded to
+    grpcio) and the call limit (workers + the model's max_queued_requests + Health's
+    headroom) is taken by parked calls, so the gRPC front end refuses the rest; against a
+    minimal grpcio server's CPU per answered call, alternated."""
     parked = config | {"max_batch_size": 512, "batch_timeout_micros": 60_000_000, "max_queued_requests": 1,
                        "max_queue_ms": 120_000}
     (root / "parked.json").write_text(json.dumps(parked))
@@ -219,11 +234,16 @@ def run() -> list[Row]:
     # (what TF Serving Predict took before it had a native entry).
     python_http, python_grpc = free_port(), free_port()
     python_server = serve_process(demo.config_path, python_http, python_grpc, env={"RECSERVE_NATIVE_ROUTE": "0"})
+    # The gRPC front end's baseline: the same server with grpcio on the port (its servicer
+    # calling Processor.process), as before the front end.
+    grpcio_http, grpcio_grpc = free_port(), free_port()
+    grpcio_server = serve_process(demo.config_path, grpcio_http, grpcio_grpc, env={"RECSERVE_GRPC_FRONT": "0"})
     peer = bare = None
     rows: list[Row] = []
     try:
         wait_ready(f"http://127.0.0.1:{http_port}/v2/health/ready", server, what="recserve serve")
         wait_ready(f"http://127.0.0.1:{python_http}/v2/health/ready", python_server, what="recserve serve")
+        wait_ready(f"http://127.0.0.1:{grpcio_http}/v2/health/ready", grpcio_server, what="recserve serve")
         processor = Processor(json.loads(demo.config_path.read_text()))
         for batch in (1, 64):
             body = encode_request(demo.sample_inputs(batch, np.random.default_rng(batch)))
@@ -237,11 +257,14 @@ def run() -> list[Row]:
             for started in (peer, bare):
                 assert started.stdout is not None and started.stdout.readline().strip() == b"ready"
             (ours, handler), floor, least = (float("inf"), 0.0), float("inf"), float("inf")
+            (before, before_handler) = (float("inf"), 0.0)
             for _ in range(ROUNDS):
                 ours, handler = min((ours, handler), _cpu_per_call(
                     server.pid, f"127.0.0.1:{grpc_port}", body, f"http://127.0.0.1:{http_port}"))
                 floor = min(floor, _cpu_per_call(peer.pid, f"127.0.0.1:{peer_port}", body)[0])
                 least = min(least, _cpu_per_call(bare.pid, f"127.0.0.1:{bare_port}", body)[0])
+                before, before_handler = min((before, before_handler), _cpu_per_call(
+                    grpcio_server.pid, f"127.0.0.1:{grpcio_grpc}", body, f"http://127.0.0.1:{grpcio_http}"))
             for started in (peer, bare):
                 started.terminate()
                 started.wait(30)
@@ -249,12 +272,23 @@ def run() -> list[Row]:
             tfs_body = encode_predict_request(demo.sample_inputs(batch, np.random.default_rng(batch)), "default")
             eas, tfs = (float("inf"), float("inf")), (float("inf"), float("inf"))
             tfs_python = (float("inf"), float("inf"))
+            kserve_body = kserve_grpc_message(demo.sample_inputs(batch, np.random.default_rng(batch)), "default")
+            kserve, kserve_before = float("inf"), float("inf")
             for _ in range(TFS_ROUNDS):
                 target, metrics = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
                 eas = min(eas, _cpu_per_call(server.pid, target, body, metrics))
                 tfs = min(tfs, _cpu_per_call(server.pid, target, tfs_body, metrics, TFS_METHOD))
                 tfs_python = min(tfs_python, _cpu_per_call(python_server.pid, f"127.0.0.1:{python_grpc}", tfs_body,
                                                            f"http://127.0.0.1:{python_http}", TFS_METHOD))
+                kserve = min(kserve, _cpu_per_call(server.pid, target, kserve_body, method=KSERVE_METHOD)[0])
+                kserve_before = min(kserve_before, _cpu_per_call(
+                    grpcio_server.pid, f"127.0.0.1:{grpcio_grpc}", kserve_body, method=KSERVE_METHOD)[0])
+            rows.append(Row(
+                f"KServe gRPC ModelInfer batch {batch} (forwarded by the gRPC front end to grpcio's servicer), "
+                f"{THREADS} client threads: server CPU per call / the same server without the front end "
+                f"(RECSERVE_GRPC_FRONT=0), {TFS_ROUNDS} alternating rounds: what a forwarded call costs more",
+                f"{kserve * 1e6:.0f} us", f"grpcio alone {kserve_before * 1e6:.0f} us", kserve / kserve_before,
+                "", None))
             load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
             rows.append(Row(
                 f"TF Serving gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call on the native "
@@ -275,13 +309,20 @@ def run() -> list[Row]:
                 f"{(tfs[0] - inside) * 1e6:.0f} us", f"EAS {(eas[0] - inside) * 1e6:.0f} us",
                 (tfs[0] - inside) / (eas[0] - inside), "<= 1.0", tfs[0] <= eas[0]))
             added = ours - inside
+            load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
             rows.append(Row(
                 f"gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call minus in-process "
                 f"(server {ours * 1e6:.0f} us, Processor.process {inside * 1e6:.0f} us; of the server's CPU, "
-                f"{handler * 1e6:.0f} us in the call's handler, {(ours - handler) * 1e6:.0f} us in grpcio and the "
-                "servicer around it) / a minimal grpcio server's CPU per call",
+                f"{handler * 1e6:.0f} us in the native route's call, {(ours - handler) * 1e6:.0f} us in the gRPC "
+                f"front end around it; load average {load}) / a minimal grpcio server's CPU per call",
                 f"{added * 1e6:.0f} us", f"grpcio floor {floor * 1e6:.0f} us", added / floor, "<= 1.2",
                 added / floor <= 1.2))
+            rows.append(Row(
+                f"gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call with the gRPC front end / "
+                "without it (the same server with RECSERVE_GRPC_FRONT=0: grpcio's servicer; of its CPU, "
+                f"{before_handler * 1e6:.0f} us in the calls' handlers; beyond Processor.process "
+                f"{(before - inside) / floor:.2f}x the floor)",
+                f"{ours * 1e6:.0f} us", f"grpcio servicer {before * 1e6:.0f} us", ours / before, "", None))
             rows.append(Row(
                 f"gRPC Predict batch {batch}, {THREADS} client threads: server CPU per call minus in-process / the "
                 "same of a minimal grpcio server calling Processor.process in its handler (benchmarks/peers/"
@@ -295,7 +336,7 @@ def run() -> list[Row]:
                                  encode_request(demo.sample_inputs(1, np.random.default_rng(1))), small))
         return rows
     finally:
-        for proc in (server, python_server, peer, bare):
+        for proc in (server, python_server, grpcio_server, peer, bare):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)

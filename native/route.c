@@ -109,6 +109,7 @@ struct vocabulary_node { /* one of the two is set */
 struct rs_servable {
     _Alignas(LINE) atomic_int_fast64_t leases;
     _Alignas(LINE) int64_t id;
+    atomic_int_fast64_t delta_step; /* rs_servable_set_delta_step */
     rs_dense_run_fn run;
     void* runner;
     rs_dense_run_fn run_merged; /* rs_route_process_many's runs (rs_servable_set_merged_run) */
@@ -232,6 +233,11 @@ rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, void* runner, r
     s->xxh64_spans = xxh64_spans;
     s->bucket_spans = bucket_spans;
     return s;
+}
+
+void rs_servable_set_delta_step(rs_servable* s, int64_t delta_step) {
+    if (s)
+        atomic_store_explicit(&s->delta_step, delta_step, memory_order_relaxed);
 }
 
 void rs_servable_set_merged_run(rs_servable* s, rs_dense_run_fn run, void* runner) {
@@ -1097,10 +1103,12 @@ static int find(wire w, rs_servable* s, const uint8_t* data, int64_t size, int64
 }
 
 /* A served request's info[] (route.h's RS_INFO_*) and counters; times: start, after decode,
- * before and after the run, after encode. Returns 200. */
-static int served(rs_route_slot* slot, int64_t id, int64_t batch, const int64_t* times, int64_t* info) {
+ * before and after the run, after encode. Under the request's lease of `s`. Returns 200. */
+static int served(rs_route_slot* slot, const rs_servable* s, int64_t batch, const int64_t* times,
+                  int64_t* info) {
     if (info) {
-        info[RS_INFO_SERVABLE] = id;
+        info[RS_INFO_SERVABLE] = s->id;
+        info[RS_INFO_DELTA_STEP] = atomic_load_explicit(&s->delta_step, memory_order_relaxed);
         info[RS_INFO_BATCH] = batch;
         for (int i = 0; i < 5; i++)
             info[RS_INFO_T0 + i] = times[i];
@@ -1135,14 +1143,14 @@ static int process(wire w, rs_route_slot* slot, const uint8_t* data, int64_t siz
     times[1] = now_ns(CLOCK_MONOTONIC);
     if (!reason)
         reason = serve(w, s, false, rt, data, values, out, out_size, times + 1);
-    int64_t id = s->id, batch = rt ? rt->batch : 0; /* the route is the servable's: read it before the lease ends */
+    if (!reason) {
+        times[4] = now_ns(CLOCK_MONOTONIC);
+        served(slot, s, rt->batch, times, info); /* the route is the servable's: read before the lease ends */
+    }
     unlease(s);
     free(values);
     free(scratch);
-    if (reason)
-        return declined(slot, reason, info);
-    times[4] = now_ns(CLOCK_MONOTONIC);
-    return served(slot, id, batch, times, info);
+    return reason ? declined(slot, reason, info) : 200;
 }
 
 int rs_route_process(rs_route_slot* slot, const uint8_t* data, int64_t size, uint8_t** out, int64_t* out_size,

@@ -62,7 +62,8 @@ enum {
     RS_INFO_STARTS,       /* rs_route_process_many only: when its lookup, run and encode began (3
                              times; a merged request's spans are not back to back: its run waits
                              for its neighbours' lookups, its encode for theirs) */
-    RS_INFO_SIZE = RS_INFO_STARTS + 3
+    RS_INFO_DELTA_STEP = RS_INFO_STARTS + 3, /* the servable's delta step then (rs_servable_set_delta_step) */
+    RS_INFO_SIZE
 };
 
 typedef struct rs_route_slot rs_route_slot;
@@ -95,6 +96,9 @@ RS_ROUTE_API rs_servable* rs_servable_create(int64_t id, rs_dense_run_fn run, vo
  * they skip a dynamic batcher behind `run`, as SessionGroup.run(merged=True) does); until
  * this is called they take rs_servable_create's. Before the servable is published. */
 RS_ROUTE_API void rs_servable_set_merged_run(rs_servable* s, rs_dense_run_fn run, void* runner);
+/* The delta step (incremental update) the servable's tables are at, which each request it
+ * serves reports (info[RS_INFO_DELTA_STEP]); set by its owner as updates apply. */
+RS_ROUTE_API void rs_servable_set_delta_step(rs_servable* s, int64_t delta_step);
 /* Builds a vocabulary (route_vocabulary.h: n words back to back in `words`, word i of
  * lengths[i] bytes keyed indices[i]; a string that is no word gets default_id, or oov_start +
  * Fingerprint64 % oov_buckets when oov_buckets > 0; '' is padding when empty_is_padding, else

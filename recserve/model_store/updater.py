@@ -253,7 +253,7 @@ class ModelUpdater:
                 break
             rows = servable.apply_delta(delta)
             applied = candidate.ref.global_step
-            servable.delta_step = applied
+            servable.set_delta_step(applied)
             self._delta_updates += 1
             log.info("model %r: applied delta %s of version %s (%d rows) in %.3f s",
                      self._name, candidate.ref.name, base.name, rows, self._clock() - started)

@@ -78,7 +78,8 @@ def _kserve_http_body(inputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str
     return head + b"".join(raw), {KSERVE_HEADER: str(len(head)), "Content-Type": "application/octet-stream"}
 
 
-def _kserve_grpc_message(inputs: Mapping[str, np.ndarray], model: str) -> bytes:
+def kserve_grpc_message(inputs: Mapping[str, np.ndarray], model: str) -> bytes:
+    """A KServe v2 ModelInferRequest with raw input contents, as tritonclient.grpc sends it."""
     from recserve.proto import grpc_predict_v2_pb2 as v2
 
     request = v2.ModelInferRequest(model_name=model)
@@ -115,7 +116,7 @@ def build_payload(protocol: str, url: str, model: str, inputs: Mapping[str, np.n
     if protocol == "eas-grpc":
         return Payload(encode_request(dict(inputs)), rows, EAS_GRPC_METHOD)
     if protocol == "kserve-grpc":
-        return Payload(_kserve_grpc_message(inputs, model), rows, KSERVE_GRPC_METHOD)
+        return Payload(kserve_grpc_message(inputs, model), rows, KSERVE_GRPC_METHOD)
     if protocol == "tfserving-grpc":
         return Payload(encode_predict_request(inputs, model), rows, TFSERVING_GRPC_METHOD)
     if protocol == "eas-http":

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from recserve.runtime.input_concat import InputConcat
 
 __all__ = ["FALLBACK_REASONS", "NativeServable", "OrtRunner", "PythonRunner", "RouteSlot", "dense_runner", "merged_runner",
-           "native_servable"]
+           "native_servable", "watch_versions"]
 
 log = logging.getLogger("recserve.processor")
 
@@ -108,6 +108,7 @@ def _load() -> tuple[ctypes.CDLL | None, ModuleType | None]:
             "rs_slot_counters": (i64, [p, p, i64]),
             "rs_servable_create": (p, [i64, p, p, p, p, p]),
             "rs_servable_set_merged_run": (None, [p, p, p]),
+            "rs_servable_set_delta_step": (None, [p, i64]),
             "rs_servable_add_vocabulary": (i64, [p, ctypes.c_char_p, p, p, i64, i64, i64, i64, ctypes.c_int32]),
             "rs_servable_add_int_vocabulary": (i64, [p, p, p, i64, i64, ctypes.c_int32]),
             "rs_servable_add_route": (ctypes.c_int, [p, ctypes.c_char_p, i64, p, i64, ctypes.c_char_p, i64]),
@@ -139,9 +140,12 @@ _libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 _libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
 
 
-def route_process_address() -> int:
-    """The address of rs_route_process, for the C ABI shim (0 without the library)."""
-    return ctypes.cast(_LIB.rs_route_process, ctypes.c_void_p).value or 0 if _LIB is not None else 0
+def route_process_address(tfs: bool = False) -> int:
+    """The address of rs_route_process (rs_route_process_tfs), for native callers: the C
+    ABI shim, the gRPC front end (0 without the library)."""
+    if _LIB is None:
+        return 0
+    return ctypes.cast(_LIB.rs_route_process_tfs if tfs else _LIB.rs_route_process, ctypes.c_void_p).value or 0
 
 
 class RouteSlot:
@@ -265,6 +269,18 @@ class RouteSlot:
 # reports its servable's id, and its trace names that version (not "the current one").
 _served_by: dict[int, tuple[str, weakref.ReferenceType[Any]]] = {}
 _ids = itertools.count(1)
+_version_listeners: list[Callable[[int, str, int], None]] = []
+
+
+def watch_versions(listener: Callable[[int, str, int], None]) -> None:
+    """`listener(servable id, version, global step)` for each native servable made in this
+    process, those made already first: a native caller of rs_route_process names the version
+    that served a request by the id it reports (RS_INFO_SERVABLE)."""
+    for servable_id, (version, ref) in list(_served_by.items()):
+        servable = ref()
+        if servable is not None:
+            listener(servable_id, version, servable.global_step)
+    _version_listeners.append(listener)
 
 
 def _fill_trace(trace: RequestTrace, info: tuple[int, ...]) -> None:
@@ -421,7 +437,15 @@ class NativeServable:
             for _, _, keys in bound:
                 if isinstance(keys, IntegerKeys) or (isinstance(keys, StringKeys) and keys.vocabulary):
                     self._vocabulary(keys)
+        _LIB.rs_servable_set_delta_step(self.address, servable.delta_step)  # type: ignore[union-attr]
         _served_by[self.id] = (servable.version, weakref.ref(servable))
+        for listener in _version_listeners:
+            listener(self.id, servable.version, servable.global_step)
+
+    def set_delta_step(self, delta_step: int) -> None:
+        """The delta its tables are at now: the requests it serves from now on report it."""
+        if self.address is not None:
+            _LIB.rs_servable_set_delta_step(self.address, delta_step)  # type: ignore[union-attr]
 
     @property
     def routes(self) -> int:

@@ -154,7 +154,7 @@ class Servable:
     # The version's dense parameters (what the sessions were built with): worker processes
     # build their own sessions from them.
     dense_overrides: Mapping[str, np.ndarray] = field(default_factory=dict)
-    # The newest delta applied to this version (set by the updater after each one).
+    # The newest delta applied to this version (set_delta_step, after each one).
     delta_step: int = 0
     # False once a newer servable took these tables over (an in-place full update): close()
     # then leaves them to it.
@@ -420,6 +420,12 @@ class Servable:
         """Why this version can no longer be served, or None: Redis lost its rows and its
         files can no longer be read to import them again."""
         return self.redis.follower.unrecoverable if self.redis is not None else None
+
+    def set_delta_step(self, delta_step: int) -> None:
+        """The newest delta applied: answers name it from now on (the native route's too)."""
+        self.delta_step = delta_step
+        if self.native is not None:
+            self.native.set_delta_step(delta_step)
 
     def apply_delta(self, delta: Checkpoint) -> int:
         """A delta's rows and deletions, in place (the updater checked it fits this version);

@@ -28,11 +28,11 @@ from recserve.proto import grpc_predict_v2_pb2_grpc as v2_grpc
 from recserve.server import kserve
 from recserve.server.context import ServerContext, check_version
 from recserve.server.dispatch import Outcome
-from recserve.server.grpc_common import abort, check_deadline
+from recserve.server.grpc_common import abort, check_deadline, native_declined
 from recserve.server.registry import ModelEntry
 from recserve.server.tfserving_grpc import MODEL_SERVICE, PREDICTION_SERVICE, TfServingServices
 
-__all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "build_grpc_server"]
+__all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "build_grpc_server", "call_limit"]
 
 EAS_SERVICE = "tensorflow.eas.PredictionService"
 KSERVE_SERVICE = "inference.GRPCInferenceService"
@@ -69,7 +69,10 @@ class EasPredictionService:
             if not request:  # an empty PredictRequest: process() would answer the signature JSON
                 raise RequestError("PredictRequest has no inputs; the signature is: "
                                    + json.dumps(processor.signature_info()))
-            status, result = processor.process(request, trace=trace)
+            if native_declined(context):  # the front end's native route declined it, counted
+                status, result = processor.process_python(request, trace=trace)
+            else:
+                status, result = processor.process(request, trace=trace)
             if status == 200:
                 entry.record(request)
                 context.set_trailing_metadata(trace.served_by())
@@ -211,17 +214,23 @@ class HealthService(health_pb2_grpc.HealthServicer):
 WATCH_HEADROOM = 64
 
 
-def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int,
-                      reuse_port: bool = False) -> grpc.Server:
-    """A started-later gRPC server bound to host:port (RuntimeError if the port is taken)."""
-    limit = ctx.settings.max_request_bytes
-    # Admission for gRPC: calls beyond the workers plus every model's max_queued_requests
-    # are refused by grpc with RESOURCE_EXHAUSTED before being read, though by grpcio's
-    # polling thread in Python: under overload a refusal waits for the GIL too.
+def call_limit(ctx: ServerContext, workers: int) -> int:
+    """Calls the gRPC port takes at once; beyond, RESOURCE_EXHAUSTED before being read.
+    Admission for gRPC: the workers plus every model's max_queued_requests, and room for
+    Health watches (grpc's sync server queues calls where recserve cannot see them)."""
     queued = sum(entry.config.max_queued_requests for entry in ctx.models.entries.values())
+    return workers + queued + WATCH_HEADROOM
+
+
+def build_grpc_server(ctx: ServerContext, address: str, *, workers: int, reuse_port: bool = False) -> grpc.Server:
+    """A started-later grpcio server bound to `address` (host:port, or a Unix socket behind
+    the front end: recserve.server.grpc_front); RuntimeError if it is taken."""
+    limit = ctx.settings.max_request_bytes
+    # Refusals beyond the call limit are grpcio's, in its polling thread in Python: under
+    # overload a refusal waits for the GIL too (the C++ front end's do not).
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recserve-grpc"),
-        maximum_concurrent_rpcs=workers + queued + WATCH_HEADROOM,
+        maximum_concurrent_rpcs=call_limit(ctx, workers),
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", -1),
@@ -232,6 +241,5 @@ def build_grpc_server(ctx: ServerContext, host: str, port: int, *, workers: int,
     server.add_generic_rpc_handlers((EasPredictionService(ctx).handler(), *TfServingServices(ctx).handlers()))
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(ctx), server)  # type: ignore[no-untyped-call]
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(ctx), server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     server.add_insecure_port(address)
     return server

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["LocalCounter", "LocalHistogram", "LocalMetrics", "RequestRecorder"]
+__all__ = ["HistogramChild", "LocalCounter", "LocalHistogram", "LocalMetrics", "RequestRecorder"]
 
 
 class _CounterChild:
@@ -48,7 +48,7 @@ class _CounterChild:
         self.value += amount
 
 
-class _HistogramChild:
+class HistogramChild:
     __slots__ = ("_bounds", "_lock", "counts", "created", "sum")
 
     def __init__(self, lock: threading.Lock, bounds: tuple[float, ...]) -> None:
@@ -61,6 +61,14 @@ class _HistogramChild:
     def observe(self, value: float) -> None:
         with self._lock:
             self.add(value)
+
+    def add_counts(self, counts: Sequence[int], total: float) -> None:
+        """Observations already counted into these buckets (one count per bucket, the last
+        above every bound) with their sum."""
+        with self._lock:
+            for i, n in enumerate(counts):
+                self.counts[i] += n
+            self.sum += total
 
     def add(self, value: float) -> None:
         """`observe` for a caller holding the LocalMetrics' lock."""
@@ -76,8 +84,8 @@ class RequestRecorder:
 
     __slots__ = ("_batch", "_count", "_cpu", "_latency", "_lock", "_stages")
 
-    def __init__(self, lock: threading.Lock, count: _CounterChild, latency: _HistogramChild, cpu: _CounterChild,
-                 stages: Sequence[_HistogramChild], batch: _HistogramChild) -> None:
+    def __init__(self, lock: threading.Lock, count: _CounterChild, latency: HistogramChild, cpu: _CounterChild,
+                 stages: Sequence[HistogramChild], batch: HistogramChild) -> None:
         self._lock = lock
         self._count = count
         self._latency = latency
@@ -90,7 +98,7 @@ class RequestRecorder:
         latency, batch = self._latency, self._batch
         with self._lock:
             self._count.value += 1.0
-            latency.counts[bisect_left(latency._bounds, seconds)] += 1  # as _HistogramChild.add
+            latency.counts[bisect_left(latency._bounds, seconds)] += 1  # as HistogramChild.add
             latency.sum += seconds
             self._cpu.value += cpu_seconds
             for spent, stage in zip(stage_seconds, self._stages):
@@ -201,14 +209,14 @@ class LocalHistogram(_Family):
         self._les = [*(floatToGoString(b) for b in self._bounds), "+Inf"]
         super().__init__(owner, name, documentation, labelnames)
 
-    def _new_child(self) -> _HistogramChild:
-        return _HistogramChild(self._lock, self._bounds)
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self._lock, self._bounds)
 
-    def labels(self, *values: str) -> _HistogramChild:
+    def labels(self, *values: str) -> HistogramChild:
         return self._child(values)  # type: ignore[return-value]
 
     def _copy(self, child: object) -> tuple[list[int], float, float]:
-        assert isinstance(child, _HistogramChild)
+        assert isinstance(child, HistogramChild)
         return list(child.counts), child.sum, child.created
 
     def metric(self) -> Metric:

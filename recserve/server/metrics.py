@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -27,16 +28,30 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from recserve.processor.trace import STAGES, RequestTrace
-from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
+from recserve.server.local_metrics import HistogramChild, LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
 from recserve.server.registry import ModelRegistry
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+__all__ = ["BATCH_BUCKETS", "CONTENT_TYPE", "LATENCY_BUCKETS", "NativeCounts", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_BATCH_BUCKETS = tuple(float(1 << i) for i in range(13))  # 1 .. 4096
+BATCH_BUCKETS = tuple(float(1 << i) for i in range(13))  # 1 .. 4096
+
+
+@dataclass
+class NativeCounts:
+    """Requests answered outside Python (the gRPC front end), added up since the last
+    look: histograms as (bucket counts, the last above every bound; sum), in the
+    buckets above; stages in STAGES' order."""
+
+    served: int
+    cpu_seconds: float
+    late: int   # dropped: their deadline had passed (504)
+    latency: tuple[Sequence[int], float]
+    stages: Sequence[tuple[Sequence[int], float]]
+    rows: tuple[Sequence[int], float]
 
 
 class ServerMetrics:
@@ -67,11 +82,11 @@ class ServerMetrics:
         self.errors = counter("recserve_request_errors", "Requests answered with a status other than 200.",
                               ["model", "route", "code"])
         self.latency = histogram("recserve_request_seconds", "Time from request received to response ready.",
-                                 ["model", "route"], _LATENCY_BUCKETS)
+                                 ["model", "route"], LATENCY_BUCKETS)
         self.stage = histogram("recserve_stage_seconds",
                                "Time per request in each stage: decode, lookup, run, encode.",
-                               ["model", "stage"], _LATENCY_BUCKETS)
-        self.batch = histogram("recserve_batch_size", "Rows (samples) per request.", ["model"], _BATCH_BUCKETS)
+                               ["model", "stage"], LATENCY_BUCKETS)
+        self.batch = histogram("recserve_batch_size", "Rows (samples) per request.", ["model"], BATCH_BUCKETS)
         self.cpu = counter("recserve_request_cpu_seconds",
                            "CPU time of the thread serving each request from its model's lease to its answer "
                            "(decode, lookup, run, encode; not reading the request or writing the answer, and "
@@ -79,6 +94,10 @@ class ServerMetrics:
         self.merged_requests = counter("recserve_merged_requests",
                                        "Requests that ran in one ONNX Runtime run with others (request merging).",
                                        ["model"])
+        self.grpc_front_calls = counter(
+            "recserve_grpc_front_calls", "Calls on the gRPC port's C++ front end, by path: native (EAS Predict "
+            "answered there), forwarded (to the Python servicers), refused (the server had its maximum in flight).",
+            ["path"])
         self.timelines = counter("recserve_timelines_written", "Timelines written, by model and result.",
                                  ["model", "result"])
         self.http_timeouts = counter("recserve_http_timeouts", "HTTP connections closed because a request's headers "
@@ -91,6 +110,7 @@ class ServerMetrics:
         self._ok: dict[tuple[str, str], RequestRecorder | PooledRecorder] = {}
         self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self._local = local
+        self._flushes: list[Callable[[], None]] = []
         self._pool_registry: CollectorRegistry | None = None
         if pooled:
             self._pool_registry = CollectorRegistry()
@@ -141,6 +161,22 @@ class ServerMetrics:
             record = self._ok[(model, route)] = self._recorder(model, route)
         record.many(seconds, cpu_per_row, [_stage_seconds(t) for t in answered], [t.batch_size for t in answered])
 
+    def add_native(self, model: str, route: str, counts: NativeCounts) -> None:
+        """Requests served outside Python, counted there (recserve.server.grpc_front): the
+        same series as `observe`'s, added in one go."""
+        if counts.late:  # refused at once: latency 0, as `observe` records them
+            _add_counts(self.requests.labels(model, route, "504"), counts.late)
+            _add_counts(self.errors.labels(model, route, "504"), counts.late)
+            _add_histogram(self.latency.labels(model, route), [counts.late] + [0] * len(LATENCY_BUCKETS), 0.0)
+        if not counts.served:
+            return
+        _add_counts(self.requests.labels(model, route, "200"), counts.served)
+        _add_counts(self.cpu.labels(model, route), counts.cpu_seconds)
+        _add_histogram(self.latency.labels(model, route), *counts.latency)
+        for stage, (buckets, total) in zip(STAGES, counts.stages):
+            _add_histogram(self.stage.labels(model, stage), buckets, total)
+        _add_histogram(self.batch.labels(model), *counts.rows)
+
     def _recorder(self, model: str, route: str) -> RequestRecorder | PooledRecorder:
         """What records a 200 of (model, route): in one process local_metrics' RequestRecorder
         (one lock, the values written in one call); in a worker pool a PooledRecorder
@@ -152,7 +188,14 @@ class ServerMetrics:
             return RequestRecorder(self._local.lock, count, latency, cpu, stages, batch)
         return PooledRecorder(count, latency, cpu, stages, batch)
 
+    def counted_elsewhere(self, flush: Callable[[], None]) -> None:
+        """`flush()` adds requests counted outside Python (add_native): called before each
+        scrape, so /metrics is current in this process."""
+        self._flushes.append(flush)
+
     def render(self) -> bytes:
+        for flush in self._flushes:
+            flush()
         return generate_latest(self._pool_registry or self.registry)
 
 
@@ -213,6 +256,26 @@ def _observe_all(histogram: Any, values: Sequence[float]) -> None:
     for at, n in hits.items():
         buckets[at].inc(n)
     total.inc(sum(values))
+
+
+def _add_counts(counter: Any, amount: float) -> None:
+    counter.inc(amount)
+
+
+def _add_histogram(histogram: Any, buckets: Sequence[int], total: float) -> None:
+    """Observations already put in `histogram`'s buckets (the same bounds) added to it: a
+    local one's counts, or a prometheus_client child's bucket values."""
+    if isinstance(histogram, HistogramChild):
+        histogram.add_counts(buckets, total)
+        return
+    values = getattr(histogram, "_buckets", None)
+    if values is None or len(values) != len(buckets):
+        raise TypeError(f"cannot add bucket counts to {type(histogram).__name__}: this prometheus_client "
+                        "keeps a histogram's buckets otherwise")
+    for value, n in zip(values, buckets):
+        if n:
+            value.inc(n)
+    histogram._sum.inc(total)
 
 
 def _stage_seconds(trace: RequestTrace) -> Sequence[float]:

@@ -66,6 +66,8 @@ class ModelEntry:
         self._manager: ServableManager[Processor] = ServableManager(name)
         self._swap_lock = threading.Lock()
         self._recorder: WarmupRecorder | None = None
+        self._on_serving: list[Callable[[Processor], None]] = []
+        self._on_recording: list[Callable[[], None]] = []
         self.admission = Admission(name, config.max_queued_requests, config.max_queue_ms / 1000)
         # The load of a version, first or later, as it goes (the processor reports into it).
         self.progress = LoadProgress(name)
@@ -81,12 +83,35 @@ class ModelEntry:
             self.begin_local_recording(limit)
 
     def begin_local_recording(self, limit: int) -> None:
-        self._recorder = WarmupRecorder(limit)
+        self._set_recorder(WarmupRecorder(limit))
 
     def collect_local_recording(self) -> tuple[list[bytes], int] | None:
         """This process's sample and the requests it saw, recording stopped; None if not recording."""
-        recorder, self._recorder = self._recorder, None
+        recorder = self._recorder
+        self._set_recorder(None)
         return None if recorder is None else (recorder.requests(), recorder.seen)
+
+    def _set_recorder(self, recorder: WarmupRecorder | None) -> None:
+        self._recorder = recorder
+        for listener in self._on_recording:
+            listener()
+
+    @property
+    def recording(self) -> bool:
+        """Whether this process keeps a sample of the requests answered (`record`)."""
+        return self._recorder is not None
+
+    def when_recording_changes(self, listener: Callable[[], None]) -> None:
+        """`listener()` each time this process starts or stops recording."""
+        self._on_recording.append(listener)
+
+    def when_serving(self, listener: Callable[[Processor], None]) -> None:
+        """`listener(processor)` once the model's processor serves: now if it does already."""
+        with self._swap_lock:
+            self._on_serving.append(listener)
+            processor = self._manager.current
+        if processor is not None:
+            listener(processor)
 
     def record(self, payload: bytes) -> None:
         """A PredictRequest the model answered 200 (EAS HTTP and gRPC); kept while recording."""
@@ -108,7 +133,7 @@ class ModelEntry:
             kept = recorder.write(path)
         except OSError as exc:
             raise RequestError(f"cannot write the warmup file {path!r}: {exc.strerror or exc}") from exc
-        self._recorder = None
+        self._set_recorder(None)
         return {"path": path, "requests": kept, "seen": recorder.seen}
 
     @property
@@ -144,6 +169,8 @@ class ModelEntry:
             self.state = "loaded"
             self.last_error = None
             self._manager.swap(processor)
+            for listener in self._on_serving:
+                listener(processor)
             return processor
 
     def pin(self, version: str | None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from recserve.config import ProcessorConfig
 from recserve.errors import RecserveError
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Dispatcher
-from recserve.server.grpc_services import build_grpc_server
+from recserve.server.grpc_front import FrontedGrpcServer, build_grpc_front_door
 from recserve.server.http_accept import GreedyListener
 from recserve.server.http_app import build_app
 from recserve.server.http_fast_lane import FastLane
@@ -131,8 +131,9 @@ def run_server(
             time.sleep(0.02)
     http_socket = _listen(host, http_port, reuse_port=reuse_port)
     try:
-        grpc_server = build_grpc_server(ctx, host, grpc_port, workers=WORKERS, reuse_port=reuse_port)
-    except RuntimeError as exc:
+        grpc_server = build_grpc_front_door(ctx, host, grpc_port, workers=WORKERS, reuse_port=reuse_port)
+        grpc_server.start()  # calls before the models load are answered "loading", as HTTP's
+    except (RuntimeError, RecserveError) as exc:
         http_socket.close()
         raise RecserveError(f"cannot listen for gRPC on {host}:{grpc_port}: {exc}") from exc
     limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
@@ -144,7 +145,6 @@ def run_server(
     ))
     if not listen_when_ready:
         models.start()
-    grpc_server.start()
     models.listening.set()  # HTTP's listener was bound and listening above
     log.info("recserve serving %s: HTTP on %s:%d, gRPC on %s:%d",
              ", ".join(models.names()), host, http_port, host, grpc_port)
@@ -161,7 +161,8 @@ def run_server(
 
 
 async def _run(
-    http_server: _Uvicorn, http_socket: socket.socket, grpc_server: grpc.Server, models: ModelRegistry
+    http_server: _Uvicorn, http_socket: socket.socket, grpc_server: grpc.Server | FrontedGrpcServer,
+    models: ModelRegistry,
 ) -> None:
     loop = asyncio.get_running_loop()
     grpc_stopped = threading.Event()

@@ -30,7 +30,7 @@ from recserve.proto import tfserving_pb2 as pb
 from recserve.server.context import ServerContext
 from recserve.server.dispatch import Outcome
 from recserve.server.errors import UnknownModelError
-from recserve.server.grpc_common import abort, check_deadline
+from recserve.server.grpc_common import abort, check_deadline, native_declined
 from recserve.server.http_status import model_status
 from recserve.server.registry import ModelEntry
 from recserve.wire import tfserving_codec as tfs
@@ -103,7 +103,8 @@ class TfServingServices:
 
         def find() -> ModelEntry:
             nonlocal call, spec
-            spec = tfs.leading_model_spec(request)
+            # A call the front end's native route declined (counted) takes the Python route.
+            spec = None if native_declined(context) else tfs.leading_model_spec(request)
             if spec is not None:
                 entry = self._ctx.models.entries.get(spec.name)
                 if entry is not None and entry.ready:

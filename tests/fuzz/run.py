@@ -67,6 +67,8 @@ TARGETS = {
         # fuzz_codec_tfs.c includes fuzz_codec.c (its layout checks); codec_tfs.inc is in codec.c.
         Target("codec_tfs", "tests/fuzz/fuzz_codec_tfs.c", ("native/codec.c",)),
         Target("codec_tfs_parity", "tests/fuzz/fuzz_codec_tfs_parity.py", corpus_of="codec_tfs"),
+        # The gRPC front end's TF Serving ModelSpec reader and writer.
+        Target("tfs_spec", "tests/fuzz/fuzz_tfs_spec.c", ("native/tfs_spec.c",), max_len=512),
     ]
 }
 

@@ -55,6 +55,20 @@ def test_answers_name_their_version_and_delta(launch, tmp_path, workers):
             np.testing.assert_array_equal(rows, 2.0)  # a claimed delta is in the answer
             if all(claimed(httpx.post(f"{running.url}/api/predict/default", content=body).headers)[1] == "2"
                    for _ in range(10)):
+                _grpc_names_delta_2(running.grpc_address, body)
                 return
         time.sleep(0.05)
     pytest.fail(f"answers never named delta 2:\n{running.log()}")
+
+
+def _grpc_names_delta_2(address: str, body: bytes) -> None:
+    """gRPC Predicts (a channel each: any worker), answered natively by the gRPC front end
+    after the first of the layout, name delta 2 and hold its rows."""
+    for _ in range(6):
+        with grpc.insecure_channel(address) as channel:
+            predict = channel.unary_unary("/tensorflow.eas.PredictionService/Predict")
+            for _ in range(2):
+                answer, call = predict.with_call(body, timeout=30)
+                assert dict(call.trailing_metadata()) == {"x-recserve-model-version": "1",
+                                                          "x-recserve-delta-step": "2"}
+                np.testing.assert_array_equal(decode_response(answer)["row"], 2.0)

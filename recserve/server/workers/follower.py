@@ -199,7 +199,7 @@ class FollowerProcessor(Processor):
         """The leader applied deltas to the shared rows: answers name the newest from now on."""
         servable = self._manager.current
         if servable is not None and info.get("version") == servable.version:
-            servable.delta_step = int(info.get("delta_step") or 0)
+            servable.set_delta_step(int(info.get("delta_step") or 0))
 
     def invalidate(self, version: str, tables: dict[str, Any]) -> None:
         """Drop keys a delta changed in Redis from this worker's caches of `version`."""
