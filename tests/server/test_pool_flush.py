@@ -197,3 +197,16 @@ def test_a_workers_last_requests_reach_the_files_at_close(tmp_path: Path) -> Non
     # 2**20 ns is not a binary fraction of a second: its sums round.
     assert samples[("recserve_stage_seconds_sum", (("model", "m"), ("stage", "run")))] == pytest.approx(
         9 * 2 ** 20 / 1e9, rel=1e-12)
+
+
+def test_one_process_keeps_its_numbers_and_starts_no_flush_thread() -> None:
+    from recserve.processor.trace import RequestTrace
+    from recserve.server.metrics import ServerMetrics
+    from recserve.server.registry import ModelRegistry
+
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    metrics = ServerMetrics(ModelRegistry([]))
+    metrics.observe("m", "eas", 200, 0.5, RequestTrace(batch_size=2), 0.25)
+    assert 'recserve_requests_total{code="200",model="m",route="eas"} 1.0' in metrics.render().decode()
+    assert not [t for t in threading.enumerate() if t.name == "recserve-metrics-flush"]
+    metrics.close()
