@@ -47,10 +47,12 @@ RUN /opt/build/bin/pip download -q --no-cache-dir -d /wheels -c deploy/constrain
 # then drops its dependencies' own test suites (`tests` directories, 53 MB: numpy's and
 # sympy's the most), which nothing imports.
 FROM ${PYTHON_IMAGE} AS runtime-base
-# grpc++'s shared libraries, which the gRPC front end (librecserve_grpc_front.so) links.
+# grpc++'s shared libraries, which the gRPC front end (librecserve_grpc_front.so) links
+# (~20 MB; apt's package lists and caches are not kept: another ~110 MB).
 RUN apt-get update -q \
  && apt-get install -y -q --no-install-recommends libgrpc++1.51 \
- && rm -rf /var/lib/apt/lists/* \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && useradd --create-home --home-dir /home/recserve --uid 10001 --user-group --shell /usr/sbin/nologin \
         --no-log-init recserve \
  && python -m venv /opt/recserve

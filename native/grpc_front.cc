@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 extern "C" {
@@ -51,6 +52,10 @@ typedef int (*route_fn)(rs_route_slot*, const uint8_t*, int64_t, uint8_t**, int6
 
 static const char kEasPredict[] = "/tensorflow.eas.PredictionService/Predict";
 static const char kTfsPredict[] = "/tensorflow.serving.PredictionService/Predict";
+static const char kHealthCheck_[] = "/grpc.health.v1.Health/Check";
+static const char kHealthWatch_[] = "/grpc.health.v1.Health/Watch";
+// grpc.health.v1.HealthCheckResponse.ServingStatus
+enum { kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 static const char kDefaultSignature[] = "serving_default";
 // On a call forwarded after the native route declined it (and counted why): Python serves
 // it without trying the route again (recserve.server.grpc_common.NATIVE_DECLINED).
@@ -89,7 +94,7 @@ struct Histogram {
 };
 
 // The protocols answered natively: their Predict methods, and index into Model::stats.
-enum Protocol { kNone = -1, kEas = 0, kTfs = 1, kProtocols = 2 };
+enum Protocol { kNone = -1, kEas = 0, kTfs = 1, kProtocols = 2, kHealthCheck = 3, kHealthWatch = 4 };
 
 // What was served natively of one model over one protocol.
 struct Stats {
@@ -138,7 +143,7 @@ class Call : public grpc::ServerGenericBidiReactor {
  public:
   Call(Front* front, grpc::GenericCallbackServerContext* ctx, Protocol protocol, Model* model)
       : front_(front), ctx_(ctx), protocol_(protocol), model_(model), up_(this) {}
-  void Refuse(const grpc::Status& status) { Finish(status); }
+  void Refuse(const grpc::Status& status) { end(status); }
   void Start();
 
   void OnReadDone(bool ok) override;
@@ -153,11 +158,34 @@ class Call : public grpc::ServerGenericBidiReactor {
   const uint8_t* request(int64_t* size);
   void answer(Stats* stats, uint8_t* out, int64_t out_size, const std::string& tail, const Label& label,
               const int64_t* info, int64_t started, int64_t cpu);
-  void forward(bool have_first);
-  bool drop_hold();
+  void serve_health(const uint8_t* data, int64_t size);
+
+ public:
+  // A Health Watch: the status to send (sent only when it changed), and whether the stream
+  // ends after it (shutdown). No lock held by the caller; the caller holds a reference.
+  void watch_update(int status, bool end);
+  const std::string& watch_service() const { return watch_service_; }  // set before it is watched
+  void hold() { refs_.fetch_add(1); }
   void release() {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
+
+ private:
+  void watch_kick();
+  // Finish is called once per call (grpc aborts on a second): every path that ends a call
+  // claims it first. A watch cancelled before its request arrived has two (its read's
+  // failure and OnCancel).
+  bool claim_finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool first = !finished_;
+    finished_ = true;
+    return first;
+  }
+  void end(const grpc::Status& status) {
+    if (claim_finish()) Finish(status);
+  }
+  void forward(bool have_first);
+  bool drop_hold();
 
   Front* front_;
   grpc::GenericCallbackServerContext* ctx_;
@@ -175,6 +203,11 @@ class Call : public grpc::ServerGenericBidiReactor {
   // to the client (the next read of it starts outside its reactions).
   bool hold_ = false;
   bool wrote_ = false;  // a message went to the client: its initial metadata is sent
+  // A Health Watch's stream, under mu_: the status queued last, the one waiting to be
+  // written (-1: none), a write in flight, the end asked for, the client gone, Finish called.
+  std::string watch_service_;
+  int watch_queued_ = -1, watch_pending_ = -1;
+  bool watch_writing_ = false, watch_end_ = false, cancelled_ = false, finished_ = false;
   std::atomic<int> refs_{1};  // the client's call, and the upstream call once started
 };
 
@@ -192,8 +225,26 @@ class Front : public grpc::CallbackGenericService {
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> upstream;
   std::unique_ptr<grpc::GenericStub> stub;
+  // grpc.health.v1, as Python computes it (rs_front_health): the server's services' status,
+  // each model's, shutdown begun; the open Watch streams.
+  std::mutex health_mu;
+  std::vector<std::string> services;  // "" and the service names: the whole server's status
+  bool health_known = false, server_ready = false, draining = false;
+  std::vector<char> model_ready;
+  std::unordered_set<Call*> watches;
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
+
+  // A service's status, under health_mu: -1 for a name that is no service and no model.
+  int health_status(const std::string& service) {
+    for (const auto& name : services)
+      if (name == service) return server_ready ? kServing : kNotServing;
+    auto found = by_name.find(service);
+    if (found == by_name.end()) return -1;
+    for (size_t i = 0; i < models.size(); i++)
+      if (models[i].get() == found->second) return model_ready[i] && !draining ? kServing : kNotServing;
+    return -1;
+  }
 
   Model* model_of(grpc::GenericCallbackServerContext* ctx) {
     const auto& md = ctx->client_metadata();
@@ -242,7 +293,7 @@ void Call::OnReadDone(bool ok) {
     return;
   }
   if (!ok) {  // the client sent no message: nothing to serve
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request arrived"));
+    end(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request arrived"));
     return;
   }
   serve_native();
@@ -258,7 +309,7 @@ bool Call::drop_hold() {
 bool Call::late(Stats* stats) {
   if (std::chrono::system_clock::now() <= ctx_->deadline()) return false;
   stats->late.fetch_add(1, std::memory_order_relaxed);
-  Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+  end(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                       "the call's deadline passed before its turn came; it was not run"));
   return true;
 }
@@ -280,6 +331,10 @@ void Call::serve_native() {
   int64_t started = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
   int64_t size;
   const uint8_t* data = request(&size);
+  if (protocol_ == kHealthCheck || protocol_ == kHealthWatch) {
+    serve_health(data, size);
+    return;
+  }
   uint8_t* out = nullptr;
   int64_t out_size = 0, info[RS_INFO_SIZE] = {0};
   if (protocol_ == kEas) {
@@ -352,7 +407,118 @@ void Call::answer(Stats* stats, uint8_t* out, int64_t out_size, const std::strin
   for (int i = 0; i < kStages; i++) stats->stage_ns[i].add(info[RS_INFO_T0 + i + 1] - info[RS_INFO_T0 + i]);
   stats->rows.add(info[RS_INFO_BATCH]);
   stats->cpu_ns.fetch_add(now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu, std::memory_order_relaxed);
-  StartWriteAndFinish(&to_client_, grpc::WriteOptions(), grpc::Status::OK);
+  if (claim_finish()) StartWriteAndFinish(&to_client_, grpc::WriteOptions(), grpc::Status::OK);
+}
+
+// A HealthCheckRequest's service (field 1); false -- Python reads it -- when malformed.
+static bool health_service(const uint8_t* data, int64_t size, std::string* service) {
+  const uint8_t *p = data, *end = data + size;
+  service->clear();
+  while (p < end) {
+    uint64_t tag, n;
+    if (!varint(&p, end, &tag)) return false;
+    switch (tag & 7) {
+      case 0:
+        if (!varint(&p, end, &n)) return false;
+        break;
+      case 1:
+      case 5:
+        n = (tag & 7) == 1 ? 8 : 4;
+        if ((uint64_t)(end - p) < n) return false;
+        p += n;
+        break;
+      case 2:
+        if (!varint(&p, end, &n) || n > (uint64_t)(end - p)) return false;
+        if (tag >> 3 == 1) service->assign((const char*)p, (size_t)n);
+        p += n;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+static grpc::ByteBuffer health_response(int status) {
+  char bytes[2] = {0x08, (char)status};
+  grpc::Slice slice(bytes, 2);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Health's Check and Watch for the services and models Python named: what Python would
+// answer, without a Python thread held by each open Watch. A Check not answered SERVING
+// (an unknown name's error message, a model still loading), and anything before Python's
+// first report, are Python's.
+void Call::serve_health(const uint8_t* data, int64_t size) {
+  std::string service;
+  if (!health_service(data ? data : (const uint8_t*)"", size, &service)) {
+    forward(true);
+    return;
+  }
+  int status;
+  bool known, draining;
+  {
+    std::lock_guard<std::mutex> lock(front_->health_mu);
+    known = front_->health_known;
+    status = known ? front_->health_status(service) : -1;
+    draining = front_->draining;
+    if (protocol_ == kHealthWatch && known) {
+      watch_service_ = service;
+      front_->watches.insert(this);
+      hold();  // for watch_update below: rs_front_health may update it meanwhile
+    }
+  }
+  if (!known || (protocol_ == kHealthCheck && status != kServing)) {
+    forward(true);  // Python's view is fresh; this one is up to a report old
+    return;
+  }
+  if (protocol_ == kHealthCheck) {
+    to_client_ = health_response(status);
+    if (claim_finish()) StartWriteAndFinish(&to_client_, grpc::WriteOptions(), grpc::Status::OK);
+    return;
+  }
+  // Serving (or shutting down): said now. Otherwise the next report, at most one period
+  // away, says it: "not serving yet" may be stale, and a client waits for the change.
+  if (status == kServing || draining) watch_update(status, draining);
+  release();
+}
+
+void Call::watch_update(int status, bool end) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status != watch_queued_) watch_pending_ = watch_queued_ = status;
+    if (end) watch_end_ = true;
+  }
+  watch_kick();
+}
+
+// Starts the next write of a Watch, or ends it, when nothing is being written.
+void Call::watch_kick() {
+  int status = -1;
+  bool finish = false;
+  grpc::Status how = grpc::Status::OK;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (watch_writing_ || finished_) return;
+    if (cancelled_) {
+      finished_ = finish = true;
+      how = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch");
+    } else if (watch_pending_ >= 0) {
+      status = watch_pending_;
+      watch_pending_ = -1;
+      watch_writing_ = true;
+    } else if (watch_end_) {
+      finished_ = finish = true;
+    } else {
+      return;
+    }
+  }
+  if (finish) {
+    Finish(how);
+    return;
+  }
+  to_client_ = health_response(status);
+  StartWrite(&to_client_);
 }
 
 void Call::forward(bool have_first) {
@@ -403,6 +569,15 @@ void Upstream::OnReadDone(bool ok) {
 }
 
 void Call::OnWriteDone(bool ok) {
+  if (protocol_ == kHealthWatch && !forwarding_.load()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      watch_writing_ = false;
+      if (!ok) cancelled_ = true;
+    }
+    watch_kick();
+    return;
+  }
   // A message of the upstream's went to the client: read its next one, or give up on it.
   if (ok)
     up_.StartRead(&to_client_);
@@ -415,15 +590,27 @@ void Upstream::OnDone(const grpc::Status& status) {
   Call* call = call_;
   for (const auto& kv : call->up_ctx_.GetServerTrailingMetadata())
     if (!reserved(kv.first)) call->ctx_->AddTrailingMetadata(str(kv.first), str(kv.second));
-  call->Finish(status);
+  call->end(status);
   call->release();
 }
 
 void Call::OnCancel() {
-  if (forwarding_.load()) up_ctx_.TryCancel();
+  if (forwarding_.load()) {
+    up_ctx_.TryCancel();
+  } else if (protocol_ == kHealthWatch) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+    }
+    watch_kick();
+  }
 }
 
 void Call::OnDone() {
+  if (protocol_ == kHealthWatch) {
+    std::lock_guard<std::mutex> lock(front_->health_mu);
+    front_->watches.erase(this);
+  }
   front_->in_flight.fetch_sub(1, std::memory_order_relaxed);
   release();
 }
@@ -437,6 +624,10 @@ grpc::ServerGenericBidiReactor* Front::CreateReactor(grpc::GenericCallbackServer
     if (model != nullptr && model->native.load(std::memory_order_relaxed)) protocol = kEas;
   } else if (ctx->method() == kTfsPredict && route_tfs != nullptr) {
     protocol = kTfs;
+  } else if (ctx->method() == kHealthCheck_) {
+    protocol = kHealthCheck;
+  } else if (ctx->method() == kHealthWatch_) {
+    protocol = kHealthWatch;
   }
   Call* call = new Call(this, ctx, protocol, model);
   if (in_flight.fetch_add(1, std::memory_order_relaxed) >= max_in_flight) {
@@ -491,6 +682,32 @@ FRONT_API void rs_front_set_native(Front* f, int64_t model, int32_t on) { f->mod
 FRONT_API void rs_front_label(Front* f, int64_t id, const char* version, int64_t number) {
   std::unique_lock<std::shared_mutex> lock(f->labels_mu);
   f->labels[id] = Label{version, number, std::to_string(number)};
+}
+
+// A name whose Health status is the whole server's ("" and the service names).
+FRONT_API void rs_front_add_service(Front* f, const char* name) { f->services.push_back(name); }
+
+// What Health answers from now on: the server ready, each model (in rs_front_add_model's
+// order) ready, shutdown begun. Open watches are sent each status that changed; once
+// draining, each ends after its last status (NOT_SERVING), as Python's Watch does.
+FRONT_API void rs_front_health(Front* f, int32_t server_ready, const int32_t* model_ready, int32_t draining) {
+  std::vector<std::pair<Call*, int>> updates;
+  {
+    std::lock_guard<std::mutex> lock(f->health_mu);
+    f->health_known = true;
+    f->server_ready = server_ready != 0;
+    f->draining = draining != 0;
+    f->model_ready.assign(model_ready, model_ready + f->models.size());
+    for (Call* call : f->watches) {
+      call->hold();  // alive past the lock: its OnDone may run meanwhile
+      int status = f->health_status(call->watch_service());
+      updates.emplace_back(call, status < 0 ? kServiceUnknown : status);
+    }
+  }
+  for (auto& [call, status] : updates) {  // no lock held: a write may run reactions inline
+    call->watch_update(status, draining != 0);
+    call->release();
+  }
 }
 
 // Listens on `address` (host:port; port 0: any) and forwards to `upstream` (a gRPC target,

@@ -161,8 +161,11 @@ class RouteSlot:
         self._unpublished = 0   # requests that found nothing native published (counted without a C call)
         if self.address:
             # Freed with this object: the C ABI's handle holds the Processor, so nothing can
-            # call rs_route_process on the slot any more by then.
-            weakref.finalize(self, _LIB.rs_slot_free, self.address)   # type: ignore[union-attr]
+            # call rs_route_process on the slot any more by then. Not at the interpreter's
+            # exit, where finalizers run while daemon threads (a version's close publishing,
+            # the gRPC front end's) may still use it: ASan found the slot published after
+            # that free; the process's end frees it.
+            weakref.finalize(self, _LIB.rs_slot_free, self.address).atexit = False   # type: ignore[union-attr]
 
     @property
     def enabled(self) -> bool:

@@ -10,11 +10,16 @@ socket, whose answers, errors and metadata pass back unchanged. Without the libr
 not installed when recserve was built) or with RECSERVE_GRPC_FRONT=0, grpcio listens on the
 public port itself, as it always did.
 
+Health's Check and Watch are answered there too, from the statuses Python reports (every
+HealthService.WATCH_POLL_SECONDS and as shutdown begins): a grpcio sync server holds a
+worker thread for each open Watch, and a few watching clients would have held every
+thread the forwarded calls need.
+
 Python is the control plane: `GrpcFront` tells the C++ side each model's route slot once
 the model serves, whether its Predicts may be served natively (not while it has a timeline
-or records warmup requests: both need Python's view of each request), and the version
-name of each native servable (its answers' `x-recserve-model-version`); and it adds the
-natively served calls' counts into /metrics (`flush`: at each scrape and every
+or records warmup requests: both need Python's view of each request), the version name of
+each native servable (its answers' `x-recserve-model-version`) and Health's statuses; and
+it adds the natively served calls' counts into /metrics (`flush`: at each scrape and every
 FLUSH_SECONDS). Thread-safe.
 """
 
@@ -38,7 +43,7 @@ from recserve.processor.processor import Processor
 from recserve.processor.trace import STAGES
 from recserve.server import tfserving_grpc
 from recserve.server.context import ServerContext
-from recserve.server.grpc_services import build_grpc_server, call_limit
+from recserve.server.grpc_services import SERVER_SERVICES, HealthService, build_grpc_server, call_limit
 from recserve.server.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, NativeCounts
 from recserve.server.tfserving_grpc import version_number
 
@@ -71,6 +76,8 @@ def _load() -> ctypes.CDLL | None:
             "rs_front_start": (_i64, [_p, ctypes.c_char_p, ctypes.c_char_p, _i32, _i64, ctypes.c_char_p, _i64]),
             "rs_front_stats": (_i64, [_p, _i64, _i32, _P64, _i64]),
             "rs_front_calls": (None, [_p, _P64]),
+            "rs_front_add_service": (None, [_p, ctypes.c_char_p]),
+            "rs_front_health": (None, [_p, _i32, ctypes.POINTER(ctypes.c_int32), _i32]),
             "rs_front_shutdown": (None, [_p, ctypes.c_double]),
             "rs_front_free": (None, [_p]),
         }, twin=False)
@@ -123,6 +130,10 @@ class GrpcFront:
             self._natively(name)
         native_route.watch_versions(self._label)
         ctx.metrics.counted_elsewhere(self.flush)
+        for service in SERVER_SERVICES:
+            lib.rs_front_add_service(self._address, service.encode())
+        self._health_lock = threading.Lock()
+        self.push_health()
 
     def _serving(self, name: str, processor: Processor) -> None:
         slot = processor.route_slot
@@ -152,7 +163,27 @@ class GrpcFront:
         if port < 0:
             raise RecserveError(err.value.decode())
         threading.Thread(target=self._flush_loop, name="recserve-grpc-front-metrics", daemon=True).start()
+        threading.Thread(target=self._health_loop, name="recserve-grpc-front-health", daemon=True).start()
         return int(port)
+
+    def push_health(self) -> None:
+        """Tell the C++ side what grpc.health.v1 answers now (HealthService's statuses): it
+        answers Check SERVING and keeps the Watch streams without a Python thread held by
+        each (grpcio's sync server held a worker thread per open Watch). Each report also
+        gives a new watch still waiting its first status (one not SERVING yet) that status."""
+        models = self._ctx.models
+        with self._health_lock:
+            draining = models.draining  # before the statuses, as HealthService.Watch reads them
+            ready = [int(models.entries[name].ready) for name in self._index]
+            self._lib.rs_front_health(self._address, int(models.ready), (ctypes.c_int32 * len(ready))(*ready),
+                                      int(draining))
+
+    def _health_loop(self) -> None:
+        while not self._stopped.is_set():
+            draining = self._ctx.models.wait_draining(HealthService.WATCH_POLL_SECONDS)
+            self.push_health()
+            if draining:
+                return
 
     def _flush_loop(self) -> None:
         while not self._stopped.wait(FLUSH_SECONDS):
@@ -230,6 +261,7 @@ class FrontedGrpcServer:
         done = threading.Event()
 
         def stop_both() -> None:
+            self._front.push_health()  # draining: open watches end now, not at the grace's end
             self._front.shutdown(grace)
             self._inner.stop(0).wait()
             done.set()

@@ -32,11 +32,13 @@ from recserve.server.grpc_common import abort, check_deadline, native_declined
 from recserve.server.registry import ModelEntry
 from recserve.server.tfserving_grpc import MODEL_SERVICE, PREDICTION_SERVICE, TfServingServices
 
-__all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "build_grpc_server", "call_limit"]
+__all__ = ["EAS_SERVICE", "KSERVE_SERVICE", "SERVER_SERVICES", "HealthService", "build_grpc_server", "call_limit"]
 
 EAS_SERVICE = "tensorflow.eas.PredictionService"
 KSERVE_SERVICE = "inference.GRPCInferenceService"
 MODEL_METADATA_KEY = "model"
+# The names Health answers the whole server's status for.
+SERVER_SERVICES = ("", EAS_SERVICE, KSERVE_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE)
 
 
 def _metadata_model(context: grpc.ServicerContext) -> str | None:
@@ -176,7 +178,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def _status(self, service: str) -> Any:
         """The service's status, or None when there is no such service."""
         models = self._ctx.models
-        if service in ("", EAS_SERVICE, KSERVE_SERVICE, PREDICTION_SERVICE, MODEL_SERVICE):
+        if service in SERVER_SERVICES:
             ready = models.ready
         elif service in models.entries:
             ready = models.entries[service].ready and not models.draining

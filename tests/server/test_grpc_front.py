@@ -139,9 +139,7 @@ def test_a_recording_model_is_served_by_python(launch, demo):
 def test_the_call_limit_refuses_and_cancelled_streams_give_their_places_back(launch, demo):
     """Calls beyond the server's limit (its worker threads, every model's
     max_queued_requests, and room for Health watches) are refused RESOURCE_EXHAUSTED before
-    being read; streams that end, cancelled by their clients, give their places back. The
-    probe is a Predict the front end answers itself: grpcio's worker threads are held by
-    the first watches (each Watch holds one while it waits)."""
+    being read; streams that end, cancelled by their clients, give their places back."""
     running = launch(demo.config() | {"max_queued_requests": 1})
     side = _server_side()
     limit = side["workers"] + 1 + side["headroom"]
@@ -298,3 +296,29 @@ def test_without_the_front_end_grpcio_serves_the_port(launch, demo, demo_process
             assert dict(call.trailing_metadata())["x-recserve-model-version"] == "1"
     assert "recserve_grpc_front_calls_total{" not in httpx.get(f"{running.url}/metrics", timeout=30).text
     assert _metric(running.url, "recserve_requests_total", model="default", route="eas_grpc", code="200") == 3
+
+
+def test_open_health_watches_hold_no_python_thread(launch, demo):
+    """Health's Watch streams are kept by the front end: many more of them than grpcio has
+    worker threads leave every forwarded call served at once, and see each status."""
+    running = launch(demo.config() | UNHURRIED)
+    side = _server_side()
+    with grpc.insecure_channel(running.grpc_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watches = [health.Watch(health_pb2.HealthCheckRequest(service=service), timeout=60)
+                   for service in ["", "default", "nope"] * (side["workers"] + 2)]
+        statuses = [next(watch).status for watch in watches]
+        assert statuses == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.SERVICE_UNKNOWN] * (side["workers"] + 2)
+        # Forwarded calls (grpcio's servicers), each needing a worker thread.
+        info = channel.unary_unary("/tensorflow.eas.PredictionService/GetServingModelInfo")
+        for _ in range(side["workers"] * 2):
+            assert info(b"", timeout=10)
+        assert health.Check(health_pb2.HealthCheckRequest(service="default"), timeout=10).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as unknown:   # Python's answer, forwarded
+            health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert unknown.value.details() == "unknown service 'nope'"
+        for watch in watches:
+            watch.cancel()
