@@ -20,7 +20,8 @@ the model serves, whether its Predicts may be served natively (not while it has 
 or records warmup requests: both need Python's view of each request), the version name of
 each native servable (its answers' `x-recserve-model-version`) and Health's statuses; and
 it adds the natively served calls' counts into /metrics (`flush`: at each scrape and every
-FLUSH_SECONDS). Thread-safe.
+FLUSH_SECONDS, on a thread of its own in one process, on the metrics' flush thread in a
+worker pool). Thread-safe.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class GrpcFront:
             entry.when_recording_changes(lambda name=name: self._natively(name))
             self._natively(name)
         native_route.watch_versions(self._label)
-        ctx.metrics.counted_elsewhere(self.flush)
+        self._flushed_for_us = ctx.metrics.counted_elsewhere(self.flush)  # a worker pool's thread calls it
         for service in SERVER_SERVICES:
             lib.rs_front_add_service(self._address, service.encode())
         self._health_lock = threading.Lock()
@@ -162,7 +163,8 @@ class GrpcFront:
                                    self._ctx.settings.max_request_bytes, err, len(err))
         if port < 0:
             raise RecserveError(err.value.decode())
-        threading.Thread(target=self._flush_loop, name="recserve-grpc-front-metrics", daemon=True).start()
+        if not self._flushed_for_us:
+            threading.Thread(target=self._flush_loop, name="recserve-grpc-front-metrics", daemon=True).start()
         threading.Thread(target=self._health_loop, name="recserve-grpc-front-health", daemon=True).start()
         return int(port)
 

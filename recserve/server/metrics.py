@@ -123,7 +123,7 @@ class ServerMetrics:
             MultiProcessCollector(self._pool_registry)
             self._pool_registry.register(ModelCollector(models))
             self.counted_elsewhere(to_files.flush)
-            to_files.start()
+            to_files.start(self._flush_all)
 
     def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace,
                 cpu_seconds: float = 0.0) -> None:
@@ -192,16 +192,22 @@ class ServerMetrics:
                                self.latency.labels(model, route), self.cpu.labels(model, route),
                                tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model))
 
-    def counted_elsewhere(self, flush: Callable[[], None]) -> None:
+    def counted_elsewhere(self, flush: Callable[[], None]) -> bool:
         """`flush()` brings in values counted elsewhere: called before each scrape, newest
         first, so /metrics is current in this process. Newest first: a later one may count
         into what an earlier one moves (the gRPC front end's counts, add_native, go to this
-        process's numbers, which a worker pool's flush then adds to the files)."""
+        process's numbers, which a worker pool's flush then adds to the files). True when
+        it is also called every pool_flush.FLUSH_SECONDS (a worker pool's flush thread), so
+        the caller needs no thread of its own for that."""
         self._flushes.append(flush)
+        return self._to_files is not None
 
-    def render(self) -> bytes:
+    def _flush_all(self) -> None:
         for flush in reversed(self._flushes):
             flush()
+
+    def render(self) -> bytes:
+        self._flush_all()
         return generate_latest(self._pool_registry or self.registry)
 
     def close(self) -> None:

@@ -8,7 +8,10 @@ batch 1). So a worker records its requests as one process does, into its own pla
 what they counted since the last flush to the files: every FLUSH_SECONDS on a daemon
 thread, before each /metrics scrape in this process, and at close (the worker's exit), so
 the last requests reach the files the other processes read. /metrics on one worker may
-therefore lag the others' requests by up to FLUSH_SECONDS.
+therefore lag the others' requests by up to FLUSH_SECONDS. The thread runs the server's
+other flushes in the same wake-up (`start(tick)`: the gRPC front end's counts): each
+thread that wakes takes the GIL from the event loop, a hand-off that costs the loop most
+on a loaded machine.
 
 Also here: the bulk adds (a count, a histogram's bucket counts and sum) into either kind of
 child, which the gRPC front end's counts use as well (ServerMetrics.add_native).
@@ -20,7 +23,7 @@ renders has them).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from recserve.server.local_metrics import HistogramChild, LocalCounter, LocalHistogram, LocalMetrics
@@ -67,13 +70,14 @@ class PoolFlush:
         buckets) that `family`'s values go to."""
         self._pairs.append((family, files))
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="recserve-metrics-flush", daemon=True)
+    def start(self, tick: Callable[[], None]) -> None:
+        """Call `tick()` (which calls `flush`) every FLUSH_SECONDS until close."""
+        self._thread = threading.Thread(target=self._loop, args=(tick,), name="recserve-metrics-flush", daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, tick: Callable[[], None]) -> None:
         while not self._stopped.wait(FLUSH_SECONDS):
-            self.flush()
+            tick()
 
     def flush(self) -> None:
         """Add each series' counts since the last flush to the files, exactly once."""

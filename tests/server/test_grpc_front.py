@@ -26,15 +26,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from recserve.export.demo import write_demo
 from recserve.wire.codec import encode_request
-from tests.server.conftest import ROOT, UNHURRIED
+from tests.server.conftest import ROOT, UNHURRIED, settled
 
 PREDICT = "/tensorflow.eas.PredictionService/Predict"
 TOKEN = "front-token"
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    """One sample of /metrics (0 when absent)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+def _metric(url: str, name: str, client: httpx.Client | None = None, **labels: str) -> float:
+    """One sample of /metrics (0 when absent); through `client`'s connection if given."""
+    text = (client or httpx).get(f"{url}/metrics", timeout=30).text
     for line in text.splitlines():
         match = re.fullmatch(r"(\w+)\{(.*)\} (\S+)", line)
         if match and match[1] == name and dict(re.findall(r'(\w+)="([^"]*)"', match[2])) == labels:
@@ -80,6 +80,30 @@ def test_native_predicts_are_the_processors_answers(launch, demo, demo_processor
     assert _metric(running.url, "recserve_request_seconds_count", model="default", route="eas_grpc") == 9
     assert _metric(running.url, "recserve_batch_size_sum", model="default") == 3 * (1 + 3 + 64)
     assert _metric(running.url, "recserve_request_cpu_seconds_total", model="default", route="eas_grpc") > 0
+
+
+def test_a_pools_native_calls_are_counted_once(launch, demo, demo_processor):
+    """--workers 2: each worker's C++ counts reach the shared files on the metrics' flush
+    thread (no scrape of that worker needed), each call once."""
+    running = launch(demo.config() | UNHURRIED, workers=2)
+    body = encode_request(demo.sample_inputs(2, np.random.default_rng(21)))
+    want = demo_processor.process(body)
+    for _ in range(12):   # a channel each: the kernel spreads them over both workers
+        with grpc.insecure_channel(running.grpc_address) as channel:
+            assert channel.unary_unary(PREDICT)(body, timeout=30) == want[1]
+
+    # One connection, so one worker's /metrics: the other's counts come by its thread alone.
+    with httpx.Client() as client:
+        def counted() -> tuple[float, ...]:
+            return (_metric(running.url, "recserve_requests_total", client, model="default", route="eas_grpc",
+                            code="200"),
+                    _metric(running.url, "recserve_batch_size_sum", client, model="default"),
+                    _metric(running.url, "recserve_grpc_front_calls_total", client, path="native")
+                    + _metric(running.url, "recserve_grpc_front_calls_total", client, path="forwarded"))
+
+        assert settled(counted, lambda got: got == (12, 24, 12)) == (12, 24, 12)
+    # A layout's first call on each worker is Python's (it compiles the route), then native.
+    assert _metric(running.url, "recserve_grpc_front_calls_total", path="native") >= 10
 
 
 def test_forwarded_calls_keep_their_errors_and_metadata(launch, tmp_path, demo, demo_processor):
