@@ -182,7 +182,14 @@ the noise. p99 with merging on 2.7-18.1 ms (median 4.6) before, 4.0-21.1 ms (med
 after, merging off 6.5-17.9 (median 10.2) vs 4.0-454 ms (median 9.9): not separable from
 this load's noise (three runs of a build with the 0.5 s thread off, flushing only at scrapes
 and exit: merging on p99 2.7-10.0 ms, off 48-50 us a request); to re-measure on a quiet
-machine. A further 9 runs at load 9-17 (rates of every tree fell to 9-30k) were dropped."""
+machine. A further 9 runs at load 9-17 (rates of every tree fell to 9-30k) were dropped. Then the
+gRPC front end's counts moved onto the same thread (one periodic thread per worker, as
+before: each thread that wakes takes the GIL from the event loop) and main's 3330c78 was
+merged; against 3330c78 (11:05-11:09 UTC, 4 runs each, alternated, load 6-15): merging off
+80-88 (median 84.5) -> 52-74 us (median 57.5) a request, 0.68x, 17,194-19,516 (median
+17,455) -> 18,285-26,363 (median 22,591) req/s, 1.29x; merging on 33-38 vs 33-43 us a
+request, 36,659-38,775 vs 25,119-41,318 req/s, p99 5.5-13.4 vs 4.9-115 ms: noise at this
+load."""
 
 SECONDS = 5
 
