@@ -160,7 +160,29 @@ runs). EAS front end, merging off: 34 us outside the handler against the bare ap
 batch 1 (0.90x; 0.97x at 07:55) and 41 against 35 us at batch 64 (1.17x; 0.97x at 07:55),
 met: answers written together at the end of the loop's pass
 (recserve.server.write_coalescer) took ~10 us of wake-ups off each (the idle run at 05:46
-had 51 and 55 us)."""
+had 51 and 55 us).
+
+A worker pool's per-request metrics in bulk (2026-11-26 10:33-10:46 UTC; machine shared
+with other agents, load average 2.6-12 during the runs): a pool worker records its requests
+into its own plain numbers (local_metrics.RequestRecorder, as one process does) and
+recserve.server.pool_flush adds what they counted to prometheus_client's multiprocess files
+every 0.5 s, at each scrape of that worker and at its exit, where each unmerged request had
+made ~14 multiprocess updates (lock, getpid(), mmap write each; PooledRecorder, now gone).
+A/B of the `--workers 2` row alone: `python -c` calling
+`benchmarks.bench_merging._on_vs_off(root, <demo config>, <batch-1 wrk script>, "--workers
+2", 1.5, "--workers", "2")` (the setup of `run()`), from the root of a checkout of 9bda114
+(before) and of this change (after) in turn, 9 runs each, alternated (before first in 6,
+after first in 3). Merging off (unmerged batch-1 requests): server CPU a request 69-81 us
+(median 74) before, 48-60 us (median 56) after, 0.76x; requests/s 14,979-22,307 (median
+20,587) before, 19,490-32,175 (median 25,734) after, 1.25x; the handlers' share 22-25 vs
+19-23 us (a request's metrics are recorded after its handler's CPU window). Merging on (a
+merged call's metrics were already added in bulk): 30-34 (median 33) vs 29-34 us (median
+30) a request, 39,517-47,085 (median 42,215) vs 36,773-47,881 (median 40,126) req/s, within
+the noise. p99 with merging on 2.7-18.1 ms (median 4.6) before, 4.0-21.1 ms (median 9.3)
+after, merging off 6.5-17.9 (median 10.2) vs 4.0-454 ms (median 9.9): not separable from
+this load's noise (three runs of a build with the 0.5 s thread off, flushing only at scrapes
+and exit: merging on p99 2.7-10.0 ms, off 48-50 us a request); to re-measure on a quiet
+machine. A further 9 runs at load 9-17 (rates of every tree fell to 9-30k) were dropped."""
 
 SECONDS = 5
 

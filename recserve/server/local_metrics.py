@@ -9,7 +9,8 @@ a float (a counter) or a list of bucket counts and a sum (a histogram) per label
 the same names, labels, `_total`, `_created`, `_bucket` (cumulative, `le` as
 prometheus_client writes it), `_count` and `_sum`, so /metrics reads the same.
 
-One process only: a worker pool (PROMETHEUS_MULTIPROC_DIR) keeps prometheus_client's
+A worker pool (PROMETHEUS_MULTIPROC_DIR) records into these too, and does not scrape them:
+recserve.server.pool_flush moves what they counted (`take`) into prometheus_client's
 file-backed metrics, which /metrics on any worker sums over every process.
 
 Thread-safe: one lock per `LocalMetrics`, held for an update (a few attribute writes) and
@@ -165,6 +166,15 @@ class _Family:
     def _copy(self, child: object) -> object:
         raise NotImplementedError
 
+    def take(self) -> list[tuple[tuple[str, ...], object]]:
+        """Each child's label values and what it counted since the last take, its values
+        then zeroed (the caller holds the LocalMetrics' lock): a counter's amount, a
+        histogram's (bucket counts, sum)."""
+        return [(values, self._take(child)) for values, child in self._children.items()]
+
+    def _take(self, child: object) -> object:
+        raise NotImplementedError
+
     def metric(self) -> Metric:
         raise NotImplementedError
 
@@ -190,6 +200,11 @@ class LocalCounter(_Family):
     def _copy(self, child: object) -> tuple[float, float]:
         assert isinstance(child, _CounterChild)
         return child.value, child.created
+
+    def _take(self, child: object) -> float:
+        assert isinstance(child, _CounterChild)
+        amount, child.value = child.value, 0.0
+        return amount
 
     def metric(self) -> Metric:
         metric = Metric(self.name, self.documentation, "counter")
@@ -218,6 +233,14 @@ class LocalHistogram(_Family):
     def _copy(self, child: object) -> tuple[list[int], float, float]:
         assert isinstance(child, HistogramChild)
         return list(child.counts), child.sum, child.created
+
+    def _take(self, child: object) -> tuple[list[int], float]:
+        assert isinstance(child, HistogramChild)
+        # In place: RequestRecorders hold the child and write its list.
+        counts, total = list(child.counts), child.sum
+        child.counts[:] = [0] * len(counts)
+        child.sum = 0.0
+        return counts, total
 
     def metric(self) -> Metric:
         metric = Metric(self.name, self.documentation, "histogram")

@@ -8,16 +8,16 @@ scrape time from the models (`ModelCollector`): readiness, the serving version a
 processor loads, updates and update failures, and embedding-table sizes and hit rates
 when model_info() reports them under "tables" ({table: {rows, lookups, hits}}).
 
-The per-request ones are plain numbers in one process (recserve.server.local_metrics: an
-update costs a lock and a few writes, the samples are made when /metrics is read), and
-prometheus_client's file-backed metrics in a worker pool, so any worker's /metrics sums
-every process. Thread-safe.
+The per-request ones are plain numbers (recserve.server.local_metrics: an update costs a
+lock and a few writes). In one process the samples are made from them when /metrics is
+read; in a worker pool recserve.server.pool_flush adds them to prometheus_client's
+file-backed metrics every 0.5 s, at each scrape and at exit, and any worker's /metrics sums
+every process's files. Thread-safe.
 """
 
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +28,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from recserve.processor.trace import STAGES, RequestTrace
-from recserve.server.local_metrics import HistogramChild, LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
+from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
+from recserve.server.pool_flush import PoolFlush, add_counts, add_histogram
 from recserve.server.registry import ModelRegistry
 
 __all__ = ["BATCH_BUCKETS", "CONTENT_TYPE", "LATENCY_BUCKETS", "NativeCounts", "ServerMetrics"]
@@ -59,23 +60,27 @@ class ServerMetrics:
 
     def __init__(self, models: ModelRegistry) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        # Worker processes (PROMETHEUS_MULTIPROC_DIR set by `recserve serve --workers`): the
-        # counters and histograms of every process, read from their files, plus the models.
-        # One process: plain numbers, made into samples when scraped (local_metrics).
+        # Counters and histograms are this process's plain numbers (local_metrics). One
+        # process: made into samples when scraped. Worker processes (PROMETHEUS_MULTIPROC_DIR
+        # set by `recserve serve --workers`): added to prometheus_client's file-backed twins
+        # (pool_flush), and /metrics reads every process's files, plus the models.
         pooled = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-        local = None if pooled else LocalMetrics()
-        if local is not None:
+        local = LocalMetrics()
+        to_files = PoolFlush(local) if pooled else None
+        if to_files is None:
             self.registry.register(local)
 
         def counter(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Any:
-            if local is None:
-                return Counter(name, documentation, labelnames, registry=self.registry)
-            return LocalCounter(local, name, documentation, labelnames)
+            family = LocalCounter(local, name, documentation, labelnames)
+            if to_files is not None:
+                to_files.pair(family, Counter(name, documentation, labelnames, registry=None))
+            return family
 
         def histogram(name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> Any:
-            if local is None:
-                return Histogram(name, documentation, labelnames, buckets=buckets, registry=self.registry)
-            return LocalHistogram(local, name, documentation, labelnames, buckets)
+            family = LocalHistogram(local, name, documentation, labelnames, buckets)
+            if to_files is not None:
+                to_files.pair(family, Histogram(name, documentation, labelnames, buckets=buckets, registry=None))
+            return family
 
         self.requests = counter("recserve_requests", "Requests answered, by model, route and status code.",
                                 ["model", "route", "code"])
@@ -107,15 +112,18 @@ class ServerMetrics:
         self.client_disconnects = counter("recserve_client_disconnects",
                                           "Requests whose client went away before the answer.", ["route"])
         self.registry.register(ModelCollector(models))
-        self._ok: dict[tuple[str, str], RequestRecorder | PooledRecorder] = {}
+        self._ok: dict[tuple[str, str], RequestRecorder] = {}
         self._failed: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self._local = local
         self._flushes: list[Callable[[], None]] = []
+        self._to_files = to_files
         self._pool_registry: CollectorRegistry | None = None
-        if pooled:
+        if to_files is not None:
             self._pool_registry = CollectorRegistry()
             MultiProcessCollector(self._pool_registry)
             self._pool_registry.register(ModelCollector(models))
+            self.counted_elsewhere(to_files.flush)
+            to_files.start()
 
     def observe(self, model: str, route: str, status: int, seconds: float, trace: RequestTrace,
                 cpu_seconds: float = 0.0) -> None:
@@ -165,117 +173,42 @@ class ServerMetrics:
         """Requests served outside Python, counted there (recserve.server.grpc_front): the
         same series as `observe`'s, added in one go."""
         if counts.late:  # refused at once: latency 0, as `observe` records them
-            _add_counts(self.requests.labels(model, route, "504"), counts.late)
-            _add_counts(self.errors.labels(model, route, "504"), counts.late)
-            _add_histogram(self.latency.labels(model, route), [counts.late] + [0] * len(LATENCY_BUCKETS), 0.0)
+            add_counts(self.requests.labels(model, route, "504"), counts.late)
+            add_counts(self.errors.labels(model, route, "504"), counts.late)
+            add_histogram(self.latency.labels(model, route), [counts.late] + [0] * len(LATENCY_BUCKETS), 0.0)
         if not counts.served:
             return
-        _add_counts(self.requests.labels(model, route, "200"), counts.served)
-        _add_counts(self.cpu.labels(model, route), counts.cpu_seconds)
-        _add_histogram(self.latency.labels(model, route), *counts.latency)
+        add_counts(self.requests.labels(model, route, "200"), counts.served)
+        add_counts(self.cpu.labels(model, route), counts.cpu_seconds)
+        add_histogram(self.latency.labels(model, route), *counts.latency)
         for stage, (buckets, total) in zip(STAGES, counts.stages):
-            _add_histogram(self.stage.labels(model, stage), buckets, total)
-        _add_histogram(self.batch.labels(model), *counts.rows)
+            add_histogram(self.stage.labels(model, stage), buckets, total)
+        add_histogram(self.batch.labels(model), *counts.rows)
 
-    def _recorder(self, model: str, route: str) -> RequestRecorder | PooledRecorder:
-        """What records a 200 of (model, route): in one process local_metrics' RequestRecorder
-        (one lock, the values written in one call); in a worker pool a PooledRecorder
-        (prometheus_client's multiprocess values)."""
-        count, latency, batch, cpu = (self.requests.labels(model, route, "200"), self.latency.labels(model, route),
-                                      self.batch.labels(model), self.cpu.labels(model, route))
-        stages = tuple(self.stage.labels(model, stage) for stage in STAGES)
-        if self._local is not None:
-            return RequestRecorder(self._local.lock, count, latency, cpu, stages, batch)
-        return PooledRecorder(count, latency, cpu, stages, batch)
+    def _recorder(self, model: str, route: str) -> RequestRecorder:
+        """What records a 200 of (model, route): local_metrics' RequestRecorder (one lock,
+        the values written in one call)."""
+        return RequestRecorder(self._local.lock, self.requests.labels(model, route, "200"),
+                               self.latency.labels(model, route), self.cpu.labels(model, route),
+                               tuple(self.stage.labels(model, stage) for stage in STAGES), self.batch.labels(model))
 
     def counted_elsewhere(self, flush: Callable[[], None]) -> None:
-        """`flush()` adds requests counted outside Python (add_native): called before each
-        scrape, so /metrics is current in this process."""
+        """`flush()` brings in values counted elsewhere: called before each scrape, newest
+        first, so /metrics is current in this process. Newest first: a later one may count
+        into what an earlier one moves (the gRPC front end's counts, add_native, go to this
+        process's numbers, which a worker pool's flush then adds to the files)."""
         self._flushes.append(flush)
 
     def render(self) -> bytes:
-        for flush in self._flushes:
+        for flush in reversed(self._flushes):
             flush()
         return generate_latest(self._pool_registry or self.registry)
 
-
-class PooledRecorder:
-    """Records answered requests into prometheus_client's children in a worker pool, where
-    every value is a multiprocess file entry (each update: a lock, an os.getpid() call and
-    an mmap write; perf put them at ~12% of a worker's loop with merging on). One request:
-    the children's own inc() and observe(). A merged call's requests (`many`): the updates
-    added up first, so a histogram gets one add per bucket hit and one to its sum, not one of
-    each per request."""
-
-    __slots__ = ("_batch", "_count", "_cpu", "_latency", "_stages")
-
-    def __init__(self, count: Any, latency: Any, cpu: Any, stages: Sequence[Any], batch: Any) -> None:
-        self._count = count
-        self._latency = latency
-        self._cpu = cpu
-        self._stages = tuple(stages)
-        self._batch = batch
-
-    def __call__(self, seconds: float, cpu_seconds: float, stage_seconds: Sequence[float], rows: int) -> None:
-        self._count.inc()
-        self._latency.observe(seconds)
-        self._cpu.inc(cpu_seconds)
-        for spent, stage in zip(stage_seconds, self._stages):
-            if spent:
-                stage.observe(spent)
-        if rows:
-            self._batch.observe(rows)
-
-    def many(self, seconds: float, cpu_per_row: float, stage_seconds: Sequence[Sequence[float]],
-             rows: Sequence[int]) -> None:
-        """As RequestRecorder.many."""
-        self._count.inc(len(rows))
-        _observe_all(self._latency, [seconds] * len(rows))
-        self._cpu.inc(cpu_per_row * sum(r if r > 0 else 1 for r in rows))
-        for i, stage in enumerate(self._stages):
-            _observe_all(stage, [spent[i] for spent in stage_seconds if spent[i]])
-        _observe_all(self._batch, [r for r in rows if r])
-
-
-def _observe_all(histogram: Any, values: Sequence[float]) -> None:
-    """`histogram.observe(v)` for each of `values`, as one add per bucket hit and one to the
-    sum (through the child's bucket values, as its observe() adds to them); one observe() at
-    a time if the child does not have them (another prometheus_client)."""
-    buckets, total, bounds = getattr(histogram, "_buckets", None), getattr(histogram, "_sum", None), \
-        getattr(histogram, "_upper_bounds", None)
-    if buckets is None or total is None or bounds is None:
-        for value in values:
-            histogram.observe(value)
-        return
-    if not values:
-        return
-    hits: dict[int, int] = {}
-    for value in values:
-        at = bisect_left(bounds, value)  # observe(): the first bound >= the value
-        hits[at] = hits.get(at, 0) + 1
-    for at, n in hits.items():
-        buckets[at].inc(n)
-    total.inc(sum(values))
-
-
-def _add_counts(counter: Any, amount: float) -> None:
-    counter.inc(amount)
-
-
-def _add_histogram(histogram: Any, buckets: Sequence[int], total: float) -> None:
-    """Observations already put in `histogram`'s buckets (the same bounds) added to it: a
-    local one's counts, or a prometheus_client child's bucket values."""
-    if isinstance(histogram, HistogramChild):
-        histogram.add_counts(buckets, total)
-        return
-    values = getattr(histogram, "_buckets", None)
-    if values is None or len(values) != len(buckets):
-        raise TypeError(f"cannot add bucket counts to {type(histogram).__name__}: this prometheus_client "
-                        "keeps a histogram's buckets otherwise")
-    for value, n in zip(values, buckets):
-        if n:
-            value.inc(n)
-    histogram._sum.inc(total)
+    def close(self) -> None:
+        """A worker pool's: the flush thread stopped and the last values added to the files,
+        where the other processes read them after this one exits. Nothing in one process."""
+        if self._to_files is not None:
+            self._to_files.close()
 
 
 def _stage_seconds(trace: RequestTrace) -> Sequence[float]:

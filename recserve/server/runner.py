@@ -155,6 +155,9 @@ def run_server(
             runner.run(_run(http_server, http_socket, grpc_server, models))
     finally:
         workers.shutdown(wait=True)
+        # After the last request (and the gRPC front end's last counts): a pool worker's
+        # values reach the files the other processes read before this one exits.
+        metrics.close()
         models.close()
     log.info("recserve stopped")
     return 0

@@ -33,6 +33,18 @@ ROOT = Path(__file__).resolve().parents[2]
 UNHURRIED = {"max_queue_ms": 60_000}
 
 
+def settled(read: Callable[[], Any], done: Callable[[Any], bool], seconds: float = 10.0) -> Any:
+    """`read()` again until `done(value)` or `seconds` have passed; its last value, for the
+    test's exact assertion. A worker pool's /metrics has the other workers' requests only
+    once they flushed them (recserve.server.pool_flush, every 0.5 s)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value) or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
-from recserve.server.metrics import PooledRecorder
+from recserve.server.pool_flush import PoolFlush
 from tests.threads import Threads
 
 BUCKETS = (0.0001, 0.001, 0.25, 1.0, 2.5)
@@ -140,21 +140,25 @@ def test_request_recorder_same_text_as_prometheus_client_updates() -> None:
     assert 't_stage_count{model="m",stage="lookup"} 4000.0' in ours_text.decode()  # zeros are not observed
 
 
-def _recorder(pooled: bool) -> tuple[CollectorRegistry, RequestRecorder | PooledRecorder]:
-    """A request recorder and the registry that reads it: one process's (local_metrics'
-    values, RequestRecorder) or a worker pool's (prometheus_client's children, PooledRecorder)."""
-    registry = CollectorRegistry()
+def _recorder(pooled: bool) -> tuple[CollectorRegistry, RequestRecorder, PoolFlush | None]:
+    """A request recorder (local_metrics' values) and the registry that reads it: one
+    process's (the values themselves) or a worker pool's (prometheus_client's children, which
+    the PoolFlush returned adds the values to)."""
+    local, registry = LocalMetrics(), CollectorRegistry()
+    families = _request_families(lambda *a: LocalCounter(local, *a), lambda *a: LocalHistogram(local, *a))
+    flush = None
     if pooled:
-        families = _request_families(lambda *a: Counter(*a, registry=registry),
-                                     lambda *a: Histogram(*a[:3], buckets=a[3], registry=registry))
+        flush = PoolFlush(local)
+        files = _request_families(lambda *a: Counter(*a, registry=registry),
+                                  lambda *a: Histogram(*a[:3], buckets=a[3], registry=registry))
+        for family, twin in zip(families, files):
+            flush.pair(family, twin)
     else:
-        local = LocalMetrics()
         registry.register(local)
-        families = _request_families(lambda *a: LocalCounter(local, *a), lambda *a: LocalHistogram(local, *a))
     requests, seconds, cpu, stage, batch = families
     children = (requests.labels("m", "eas", "200"), seconds.labels("m", "eas"), cpu.labels("m", "eas"),
                 [stage.labels("m", s) for s in ("decode", "lookup", "run", "encode")], batch.labels("m"))
-    return registry, PooledRecorder(*children) if pooled else RequestRecorder(local.lock, *children)
+    return registry, RequestRecorder(local.lock, *children), flush
 
 
 PER_ROW = 2 ** -16
@@ -172,14 +176,17 @@ PER_ROW = 2 ** -16
 def test_a_merged_calls_requests_recorded_at_once_read_as_recorded_one_by_one(
         pooled: bool, stage_seconds: list[tuple[float, ...]], rows: list[int], lines: list[str]) -> None:
     """`many` (a merged call's requests: one latency, CPU shared by rows) reads as the
-    recorder called for each of them: RequestRecorder in one process, PooledRecorder (a
-    worker pool's prometheus_client children) as prometheus_client's own calls one by one."""
+    recorder called for each of them, in one process and in a worker pool (the values
+    flushed to prometheus_client's children)."""
     took = 2 ** -10
-    at_once, recorder = _recorder(pooled)
+    at_once, recorder, flush = _recorder(pooled)
     recorder.many(took, PER_ROW, stage_seconds, rows)
-    one_by_one, single = _recorder(pooled)
+    one_by_one, single, flush_single = _recorder(pooled)
     for spent, count in zip(stage_seconds, rows):
         single(took, PER_ROW * max(count, 1), spent, count)
+    for each in (flush, flush_single):
+        if each is not None:
+            each.flush()
     text = generate_latest(at_once).decode()
     assert _without_created_values(text.encode()) == _without_created_values(generate_latest(one_by_one))
     for line in lines:

@@ -22,7 +22,7 @@ from recserve.export import write_checkpoint, write_delta
 from recserve.export.demo import demo_tables, write_demo
 from recserve.model_store.checkpoint import TableData
 from recserve.wire.codec import decode_response, encode_request
-from tests.server.conftest import UNHURRIED
+from tests.server.conftest import UNHURRIED, settled
 from tests.threads import Threads
 
 pytestmark = pytest.mark.skipif(os.environ.get("RECSERVE_PURE_PYTHON") == "1",
@@ -61,6 +61,13 @@ def answers(url: str, body: bytes, count: int) -> list[np.ndarray]:
     return out
 
 
+def answered_total(url: str) -> float:
+    """recserve_requests_total of every model and route answered 200, in /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith('recserve_requests_total{code="200"'))
+
+
 @pytest.fixture
 def pool_demo(tmp_path: Path):
     """A demo of its own (the tests write versions into it), polled every 0.2 s."""
@@ -91,11 +98,75 @@ def test_every_worker_answers_like_the_processor(launch, demo, demo_processor):
         assert rest.status_code == 200, rest.text
         np.testing.assert_array_equal(np.array(rest.json()["outputs"]["probabilities"], np.float32), expected)
     assert len(worker_pids(running.process.pid)) == 2
-    metrics = httpx.get(f"{running.url}/metrics", timeout=10).text
-    # /metrics on one worker counts every worker's requests (41+: the loop above and more).
-    total = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                if line.startswith('recserve_requests_total{code="200"'))
-    assert total >= 40, metrics
+    # /metrics on one worker counts every worker's requests (41+: the loop above and more),
+    # the other's once it flushed them.
+    total = settled(lambda: answered_total(running.url), lambda n: n >= 40)
+    assert total >= 40, httpx.get(f"{running.url}/metrics", timeout=10).text
+
+
+def per_request_series(url: str) -> tuple[float, float, float, float]:
+    """(answered, latency observations, rows, handler CPU seconds) of the default model's
+    EAS route in /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10)
+    assert text.status_code == 200, text.text
+    wanted = ('recserve_requests_total{code="200",model="default",route="eas"}',
+              'recserve_request_seconds_count{model="default",route="eas"}',
+              'recserve_batch_size_sum{model="default"}',
+              'recserve_request_cpu_seconds_total{model="default",route="eas"}')
+    values = dict(line.rsplit(" ", 1) for line in text.text.splitlines() if line.startswith(wanted))
+    return tuple(float(values.get(name, 0.0)) for name in wanted)  # type: ignore[return-value]
+
+
+def test_a_pools_metrics_count_each_request_once(launch, demo):
+    """Each worker records into its own numbers and adds them to the shared files in bulk:
+    /metrics on either worker reads every request once, flushed, and again on later scrapes."""
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED, workers=2)
+    assert workers_seen(running.url) == {0, 1}
+    body = encode_request(demo.sample_inputs(3, np.random.default_rng(11)), output_filter=["probabilities"])
+    answers(running.url, body, 30)   # a fresh connection each: both workers
+    want = (30.0, 30.0, 90.0)
+    got = settled(lambda: per_request_series(running.url), lambda values: values[:3] == want)
+    assert got[:3] == want and got[3] > 0, got
+    for _ in range(6):   # scrapes on fresh connections (both workers' flushes): nothing added twice
+        again = per_request_series(running.url)
+        assert again[:3] == want and again[3] == pytest.approx(got[3], rel=1e-9), (again, got)
+
+
+def alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_stopped_workers_last_requests_stay_counted(launch, demo):
+    """SIGTERM a worker right after its requests: it adds what it has not flushed yet to the
+    files before it exits, and the pool's /metrics (its replacement's) reads them."""
+    running = launch(json.loads(demo.config_path.read_text()) | UNHURRIED, workers=2)
+    assert workers_seen(running.url) == {0, 1}
+    body = encode_request(demo.sample_inputs(2, np.random.default_rng(12)), output_filter=["probabilities"])
+    answers(running.url, body, 20)
+    stopped = worker_pids(running.process.pid)
+    assert len(stopped) == 2
+    for pid in stopped:   # both, at once: no request after these, no scrape before their exit
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in stopped):
+        assert time.monotonic() < deadline, f"workers {stopped} still running 60 s after SIGTERM:\n{running.log()}"
+        time.sleep(0.05)
+
+    def replacements() -> tuple[float, ...] | None:
+        try:
+            return per_request_series(running.url)
+        except httpx.TransportError:
+            return None   # no worker listening yet
+
+    got = settled(replacements, lambda values: values is not None, seconds=120)
+    assert got is not None, f"no replacement worker answered /metrics in 120 s:\n{running.log()}"
+    # Every writer of these series has exited: the files hold all they will ever hold.
+    assert got[:3] == (20.0, 20.0, 40.0) and got[3] > 0, got
+    assert running.log().count("exited (exit status 0); restarting it") == 2
 
 
 def test_updates_and_pins_reach_every_worker(launch, pool_demo):
