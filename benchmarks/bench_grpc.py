@@ -51,7 +51,11 @@ RECSERVE_GRPC_FRONT=0 (grpcio's servicer calling `Processor.process`, as before)
 rounds; KServe ModelInfer, which the front end forwards, against that server too (what a
 forwarded call costs more: the extra hop through grpc++ on both sides of a Unix socket).
 The refusal row's server batches dynamically, so its calls are forwarded and park grpcio's
-threads, and the front end refuses the rest in C++.
+threads, and the front end refuses the rest in C++. A forwarded call pays grpc++ twice more
+(its server side and its client side; perf on a KServe batch-64 load: grpc++'s threads were
+~39% of the server's CPU), ~100-400 us a call here: KServe gRPC ModelInfer, which has no
+native route yet, costs that much more than with grpcio alone (RECSERVE_GRPC_FRONT=0 gives
+it back, at the EAS and TF Serving Predicts' expense).
 
 Before the front end (the paragraphs below; the Python servicer under grpcio): inside the
 server the handler cost 3-4x `Processor.process` in the benchmark's own loop. The Processor runs cold there: its code and data leave the caches
