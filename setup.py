@@ -68,7 +68,7 @@ NATIVE = [
     SharedLibrary(
         "recserve.wire.librecserve_codec",
         sources=["native/codec.c"],
-        depends=["native/codec.h", "native/codec_tfs.inc"],
+        depends=["native/codec.h", "native/codec_tfs.inc", "native/varint.h"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,
@@ -80,7 +80,8 @@ NATIVE = [
         "recserve.processor.librecserve_route",
         sources=["native/route.c", "native/route_vocabulary.c", "native/route_int_vocabulary.c", "native/codec.c"],
         depends=["native/route.h", "native/route_vocabulary.h", "native/route_int_vocabulary.h", "native/dense_run.h",
-                 "native/codec.h", "native/embedding.h", "native/route_values.inc", "native/route_merge.inc"],
+                 "native/codec.h", "native/embedding.h", "native/route_values.inc", "native/route_merge.inc",
+                 "native/varint.h"],
         include_dirs=["native"],
         extra_compile_args=CFLAGS + ["-pthread"],
         extra_link_args=["-pthread", *LDFLAGS],
@@ -113,7 +114,7 @@ if GRPCXX_CFLAGS is not None and GRPCXX_LIBS is not None:
         SharedLibrary(
             "recserve.server.librecserve_grpc_front",
             sources=["native/grpc_front.cc"],
-            depends=["native/route.h", "native/tfs_spec.h", "native/tfs_spec.c"],
+            depends=["native/route.h", "native/tfs_spec.h", "native/tfs_spec.c", "native/varint.h"],
             include_dirs=["native"],
             extra_compile_args=[flag for flag in CFLAGS if flag != "-std=c11"] + ["-std=c++17", "-pthread",
                                                                                   *GRPCXX_CFLAGS],

@@ -8,6 +8,7 @@
  * per key) are found with a small hash set once the whole request is read.
  */
 #include "codec.h"
+#include "varint.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -63,24 +64,6 @@ typedef enum { WALK_SHAPE, WALK_VALUES, WALK_CHECK } walk;
 
 /* --- wire primitives (false = malformed) ---------------------------------------------- */
 
-static inline bool get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out)
-{
-    const uint8_t *p = *pp;
-    uint64_t v = 0;
-    for (int i = 0; i < 10; i++) {
-        if (p >= end)
-            return false;
-        uint64_t b = *p++;
-        v |= (b & 0x7f) << (7 * i);   /* upb too drops the 10th byte's bits above 2^64 */
-        if (b < 0x80) {
-            *pp = p;
-            *out = v;
-            return true;
-        }
-    }
-    return false;
-}
-
 static inline bool get_tag(const uint8_t **pp, const uint8_t *end, uint32_t *field, uint32_t *wt)
 {
     const uint8_t *p = *pp;
@@ -132,7 +115,7 @@ static inline bool skip_field(const uint8_t **pp, const uint8_t *end, uint32_t w
     int64_t len;
     switch (wt) {
     case WT_VARINT:
-        return get_varint(pp, end, &v);
+        return rs_varint_get(pp, end, &v);
     case WT_I64:
     case WT_I32: {
         int64_t width = wt == WT_I64 ? 8 : 4;
@@ -236,7 +219,7 @@ packed_varints(const uint8_t *p, const uint8_t *e, int64_t *out, int as)
     }
     while (p < e) {
         uint64_t v;
-        if (!get_varint(&p, e, &v))
+        if (!rs_varint_get(&p, e, &v))
             return -1;
         if (out)
             out[n] = as_value(v, as);
@@ -291,7 +274,7 @@ static int walk_shape_message(entry *en, const uint8_t *p, const uint8_t *e)
         }
         uint64_t v;
         if (wt == WT_VARINT) {
-            if (!get_varint(&p, e, &v) || add_dim(en, v) != OK)
+            if (!rs_varint_get(&p, e, &v) || add_dim(en, v) != OK)
                 return FALLBACK;
         } else if (wt == WT_LEN) {
             const uint8_t *q, *qe;
@@ -299,7 +282,7 @@ static int walk_shape_message(entry *en, const uint8_t *p, const uint8_t *e)
             if (!get_len(&p, e, &q, &len))
                 return FALLBACK;
             for (qe = q + len; q < qe;)
-                if (!get_varint(&q, qe, &v) || add_dim(en, v) != OK)
+                if (!rs_varint_get(&q, qe, &v) || add_dim(en, v) != OK)
                     return FALLBACK;
         } else {
             return FALLBACK;
@@ -341,7 +324,7 @@ static int walk_array(decoder *d, entry *en, const uint8_t *p, const uint8_t *e,
         if (field == 1 || field == 2) {   /* dtype, array_shape */
             if (wt != (field == 1 ? WT_VARINT : WT_LEN))
                 return FALLBACK;
-            if (field == 1 ? !get_varint(&p, e, &v) : !get_len(&p, e, &q, &len))
+            if (field == 1 ? !rs_varint_get(&p, e, &v) : !get_len(&p, e, &q, &len))
                 return FALLBACK;
             if (how != WALK_SHAPE)
                 continue;

@@ -1,13 +1,14 @@
 // recserve's gRPC front end (issue 25: gRPC at its floor): a grpc++ server on the public
-// gRPC port that answers tensorflow.eas.PredictionService/Predict on the native route
-// (rs_route_process: bytes to bytes in C) with no Python at all, and forwards every other
-// call -- other methods, and every Predict the native route declines (a first-seen layout,
-// a malformed request, a model with a timeline or a warmup recording, several models and
-// none named) -- byte for byte to recserve's Python gRPC server (grpcio, on a private Unix
-// socket), whose answers, errors and trailing metadata come back unchanged. Python stays
-// the control plane (recserve/server/grpc_front.py): it names the models and their route
-// slots, says which may be served natively, names each native servable's version, and reads
-// the counters into /metrics.
+// gRPC port that answers EAS and TF Serving Predict on the native route (rs_route_process,
+// rs_route_process_tfs: bytes to bytes in C) and Health's Check and Watch with no Python at
+// all, and forwards every other call -- other methods, and every call it does not answer
+// itself (a first-seen layout, a malformed request, a model with a timeline, a warmup
+// recording or dynamic batching, several models and none named, a Check not SERVING) --
+// byte for byte to recserve's Python gRPC server (grpcio, on a private Unix socket), whose
+// answers, errors and metadata come back unchanged. Python stays the control plane
+// (recserve/server/grpc_front.py): it names the models and their route slots, says which
+// may be served natively, names each native servable's version, reports Health's statuses,
+// and reads the counters into /metrics.
 //
 // Why: grpcio runs Python for every call (its poller and worker threads hand the GIL back
 // and forth); measured under bench_grpc's client, grpc++ answering fixed bytes spent 0.35x
@@ -15,8 +16,8 @@
 //
 // Calls are served by grpc++'s callback API: a native Predict runs inline in the callback
 // (a batch-1 call is ~16 us of route); a forwarded call is pumped message by message both
-// ways, so streams (Health's Watch) pass too. Thread-safe; the C functions below are the
-// control plane's, called from Python with the GIL released (ctypes).
+// ways, so streams pass too. Thread-safe; the C functions below are the control plane's,
+// called from Python with the GIL released (ctypes).
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -106,6 +107,7 @@ struct Model {
   std::string name;
   std::atomic<rs_route_slot*> slot{nullptr};  // null until the model serves: its calls go to Python
   std::atomic<int> native{1};  // 0: every call of it goes to Python (a timeline, a recording)
+  bool ready = false;          // Health's view of it (Front::health_mu)
   Stats stats[kProtocols];
 };
 
@@ -230,7 +232,6 @@ class Front : public grpc::CallbackGenericService {
   std::mutex health_mu;
   std::vector<std::string> services;  // "" and the service names: the whole server's status
   bool health_known = false, server_ready = false, draining = false;
-  std::vector<char> model_ready;
   std::unordered_set<Call*> watches;
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
@@ -241,9 +242,7 @@ class Front : public grpc::CallbackGenericService {
       if (name == service) return server_ready ? kServing : kNotServing;
     auto found = by_name.find(service);
     if (found == by_name.end()) return -1;
-    for (size_t i = 0; i < models.size(); i++)
-      if (models[i].get() == found->second) return model_ready[i] && !draining ? kServing : kNotServing;
-    return -1;
+    return found->second->ready && !draining ? kServing : kNotServing;
   }
 
   Model* model_of(grpc::GenericCallbackServerContext* ctx) {
@@ -310,7 +309,7 @@ bool Call::late(Stats* stats) {
   if (std::chrono::system_clock::now() <= ctx_->deadline()) return false;
   stats->late.fetch_add(1, std::memory_order_relaxed);
   end(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                      "the call's deadline passed before its turn came; it was not run"));
+                   "the call's deadline passed before its turn came; it was not run"));
   return true;
 }
 
@@ -328,13 +327,13 @@ const uint8_t* Call::request(int64_t* size) {
 }
 
 void Call::serve_native() {
-  int64_t started = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
   int64_t size;
   const uint8_t* data = request(&size);
   if (protocol_ == kHealthCheck || protocol_ == kHealthWatch) {
     serve_health(data, size);
     return;
   }
+  int64_t started = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
   uint8_t* out = nullptr;
   int64_t out_size = 0, info[RS_INFO_SIZE] = {0};
   if (protocol_ == kEas) {
@@ -367,18 +366,12 @@ void Call::serve_native() {
         if (asked && !label.version.empty()) {
           const uint8_t* signature = spec.signature_name_size ? spec.signature_name : (const uint8_t*)kDefaultSignature;
           int64_t signature_size = spec.signature_name_size ? spec.signature_name_size : (int64_t)strlen(kDefaultSignature);
-          uint8_t field[256];
           const uint8_t* name = (const uint8_t*)model->name.data();
-          int64_t n = rs_tfs_spec_field(name, (int64_t)model->name.size(), label.number, signature, signature_size,
-                                        field, sizeof field);
-          std::string tail;
-          if (n <= (int64_t)sizeof field) {
-            tail.assign((const char*)field, (size_t)n);
-          } else {  // a long model or signature name
-            tail.resize((size_t)n);
-            rs_tfs_spec_field(name, (int64_t)model->name.size(), label.number, signature, signature_size,
-                              (uint8_t*)&tail[0], n);
-          }
+          int64_t name_size = (int64_t)model->name.size();
+          std::string tail((size_t)rs_tfs_spec_field(name, name_size, label.number, signature, signature_size,
+                                                     nullptr, 0), '\0');  // the size it needs
+          rs_tfs_spec_field(name, name_size, label.number, signature, signature_size, (uint8_t*)&tail[0],
+                            (int64_t)tail.size());
           answer(stats, out, out_size, tail, label, info, started, cpu);
           return;
         }
@@ -416,10 +409,10 @@ static bool health_service(const uint8_t* data, int64_t size, std::string* servi
   service->clear();
   while (p < end) {
     uint64_t tag, n;
-    if (!varint(&p, end, &tag)) return false;
+    if (!rs_varint_get(&p, end, &tag)) return false;
     switch (tag & 7) {
       case 0:
-        if (!varint(&p, end, &n)) return false;
+        if (!rs_varint_get(&p, end, &n)) return false;
         break;
       case 1:
       case 5:
@@ -428,7 +421,7 @@ static bool health_service(const uint8_t* data, int64_t size, std::string* servi
         p += n;
         break;
       case 2:
-        if (!varint(&p, end, &n) || n > (uint64_t)(end - p)) return false;
+        if (!rs_varint_get(&p, end, &n) || n > (uint64_t)(end - p)) return false;
         if (tag >> 3 == 1) service->assign((const char*)p, (size_t)n);
         p += n;
         break;
@@ -622,7 +615,7 @@ grpc::ServerGenericBidiReactor* Front::CreateReactor(grpc::GenericCallbackServer
   if (ctx->method() == kEasPredict) {
     model = model_of(ctx);
     if (model != nullptr && model->native.load(std::memory_order_relaxed)) protocol = kEas;
-  } else if (ctx->method() == kTfsPredict && route_tfs != nullptr) {
+  } else if (ctx->method() == kTfsPredict) {
     protocol = kTfs;
   } else if (ctx->method() == kHealthCheck_) {
     protocol = kHealthCheck;
@@ -697,7 +690,7 @@ FRONT_API void rs_front_health(Front* f, int32_t server_ready, const int32_t* mo
     f->health_known = true;
     f->server_ready = server_ready != 0;
     f->draining = draining != 0;
-    f->model_ready.assign(model_ready, model_ready + f->models.size());
+    for (size_t i = 0; i < f->models.size(); i++) f->models[i]->ready = model_ready[i] != 0;
     for (Call* call : f->watches) {
       call->hold();  // alive past the lock: its OnDone may run meanwhile
       int status = f->health_status(call->watch_service());

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "codec.h"
+#include "varint.h"
 #include "route_int_vocabulary.h"
 #include "route_vocabulary.h"
 
@@ -710,24 +711,6 @@ static void fill_folded(const route* rt, const int64_t* values, const float* are
 
 /* ---- the response ------------------------------------------------------------------------ */
 
-static size_t varint_size(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static uint8_t* put_varint(uint8_t* p, uint64_t v) {
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
 typedef struct {
     int dtype, field; /* DataType (tensorflow.eas's ArrayDataType numbers are TensorFlow's), value field's tag byte */
     size_t dims_size, shape_size, payload, values_size, array_size, body, entry_size, key_size;
@@ -761,7 +744,7 @@ static uint64_t varint_value(const rs_tensor_out* o, int64_t i) {
 
 /* A TensorShapeProto.Dim's bytes: its size (field 1) unless 0 (proto3 leaves it out). */
 static size_t tf_dim_size(int64_t d) {
-    return d ? 1 + varint_size((uint64_t)d) : 0;
+    return d ? 1 + rs_varint_size((uint64_t)d) : 0;
 }
 
 /* The sizes of one PredictResponse.outputs entry as recserve's Python encoder for `w`
@@ -776,9 +759,9 @@ static bool plan_output(wire w, const rs_tensor_out* o, const char* key, output_
             return false;
         elements *= o->shape[i];
         if (w == WIRE_EAS) /* ArrayShape.dim: packed int64 */
-            p->dims_size += varint_size((uint64_t)o->shape[i]);
+            p->dims_size += rs_varint_size((uint64_t)o->shape[i]);
         else /* TensorShapeProto.dim: a message each */
-            p->dims_size += 1 + varint_size(tf_dim_size(o->shape[i])) + tf_dim_size(o->shape[i]);
+            p->dims_size += 1 + rs_varint_size(tf_dim_size(o->shape[i])) + tf_dim_size(o->shape[i]);
     }
     size_t width = elem_size(o->elem_type);
     p->field = value_field(w, o->elem_type);
@@ -794,17 +777,17 @@ static bool plan_output(wire w, const rs_tensor_out* o, const char* key, output_
         payload = o->bytes;
     else
         for (int64_t i = 0; i < elements; i++)
-            payload += varint_size(varint_value(o, i));
+            payload += rs_varint_size(varint_value(o, i));
     if (w == WIRE_EAS) /* array_shape is left out when it has no dims */
-        p->shape_size = p->dims_size ? 1 + varint_size(p->dims_size) + p->dims_size : 0;
+        p->shape_size = p->dims_size ? 1 + rs_varint_size(p->dims_size) + p->dims_size : 0;
     else /* tensor_shape is always written, a scalar's empty */
         p->shape_size = p->dims_size;
     p->payload = payload;
-    p->values_size = payload ? 1 + varint_size(payload) + payload : 0;
-    p->array_size = 1 + varint_size((uint64_t)p->dtype) + 1 + varint_size(p->shape_size) + p->shape_size + p->values_size;
+    p->values_size = payload ? 1 + rs_varint_size(payload) + payload : 0;
+    p->array_size = 1 + rs_varint_size((uint64_t)p->dtype) + 1 + rs_varint_size(p->shape_size) + p->shape_size + p->values_size;
     p->key_size = strlen(key);
-    p->body = 1 + varint_size(p->key_size) + p->key_size + 1 + varint_size(p->array_size) + p->array_size;
-    p->entry_size = 1 + varint_size(p->body) + p->body;
+    p->body = 1 + rs_varint_size(p->key_size) + p->key_size + 1 + rs_varint_size(p->array_size) + p->array_size;
+    p->entry_size = 1 + rs_varint_size(p->body) + p->body;
     return true;
 }
 
@@ -812,42 +795,42 @@ static uint8_t* put_output(wire w, uint8_t* at, const rs_tensor_out* o, const ch
     /* (The sizes are the plan's: one recomputed from a total, e.g. a body of 127 bytes from
      * its entry's 129, would take the wrong varint width.) */
     *at++ = 0x0A;
-    at = put_varint(at, p->body);
+    at = rs_varint_put(at, p->body);
     *at++ = 0x0A;
-    at = put_varint(at, p->key_size);
+    at = rs_varint_put(at, p->key_size);
     memcpy(at, key, p->key_size);
     at += p->key_size;
     *at++ = 0x12;
-    at = put_varint(at, p->array_size);
+    at = rs_varint_put(at, p->array_size);
     *at++ = 0x08;
-    at = put_varint(at, (uint64_t)p->dtype);
+    at = rs_varint_put(at, (uint64_t)p->dtype);
     *at++ = 0x12;
-    at = put_varint(at, p->shape_size);
+    at = rs_varint_put(at, p->shape_size);
     if (w == WIRE_EAS && p->shape_size) {
         *at++ = 0x0A;
-        at = put_varint(at, p->dims_size);
+        at = rs_varint_put(at, p->dims_size);
         for (size_t i = 0; i < o->rank; i++)
-            at = put_varint(at, (uint64_t)o->shape[i]);
+            at = rs_varint_put(at, (uint64_t)o->shape[i]);
     } else if (w == WIRE_TFS) {
         for (size_t i = 0; i < o->rank; i++) {
             *at++ = 0x12;
-            at = put_varint(at, tf_dim_size(o->shape[i]));
+            at = rs_varint_put(at, tf_dim_size(o->shape[i]));
             if (o->shape[i]) {
                 *at++ = 0x08;
-                at = put_varint(at, (uint64_t)o->shape[i]);
+                at = rs_varint_put(at, (uint64_t)o->shape[i]);
             }
         }
     }
     if (p->values_size) {
         *at++ = (uint8_t)p->field;
-        at = put_varint(at, p->payload);
+        at = rs_varint_put(at, p->payload);
         if (o->elem_type == RS_ELEM_FLOAT || o->elem_type == RS_ELEM_DOUBLE) {
             memcpy(at, o->data, o->bytes);
             at += o->bytes;
         } else {
             int64_t elements = (int64_t)(o->bytes / elem_size(o->elem_type));
             for (int64_t i = 0; i < elements; i++)
-                at = put_varint(at, varint_value(o, i));
+                at = rs_varint_put(at, varint_value(o, i));
         }
     }
     return at;
@@ -924,28 +907,17 @@ static int parse(wire w, const uint8_t* data, int64_t size, int64_t** values, in
     return 0;
 }
 
-static bool skip_varint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; *p < end && shift < 64; shift += 7) {
-        uint8_t byte = *(*p)++;
-        *v |= (uint64_t)(byte & 0x7F) << shift;
-        if (byte < 0x80)
-            return true;
-    }
-    return false;
-}
-
 /* Where the layout starts behind rs_decode_tfs_request's ModelSpec prefix (name, version
  * kind, the version or the label); -1 if the prefix is malformed (it never is). */
 static int64_t tfs_layout_start(const uint8_t* layout, int64_t size) {
     const uint8_t *p = layout, *end = layout + size;
     uint64_t n, kind, v;
-    if (!skip_varint(&p, end, &n) || n > (uint64_t)(end - p))
+    if (!rs_varint_get(&p, end, &n) || n > (uint64_t)(end - p))
         return -1;
     p += n;
-    if (!skip_varint(&p, end, &kind) || (kind == 1 && !skip_varint(&p, end, &v)))
+    if (!rs_varint_get(&p, end, &kind) || (kind == 1 && !rs_varint_get(&p, end, &v)))
         return -1;
-    if (kind == 2 && (!skip_varint(&p, end, &n) || n > (uint64_t)(end - p)))
+    if (kind == 2 && (!rs_varint_get(&p, end, &n) || n > (uint64_t)(end - p)))
         return -1;
     if (kind == 2)
         p += n;
