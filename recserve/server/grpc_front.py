@@ -46,13 +46,13 @@ from recserve.server import tfserving_grpc
 from recserve.server.context import ServerContext
 from recserve.server.grpc_services import SERVER_SERVICES, HealthService, build_grpc_server, call_limit
 from recserve.server.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, NativeCounts
+from recserve.server.pool_flush import FLUSH_SECONDS
 from recserve.server.tfserving_grpc import version_number
 
-__all__ = ["FLUSH_SECONDS", "FrontedGrpcServer", "GrpcFront", "available", "build_grpc_front_door"]
+__all__ = ["FrontedGrpcServer", "GrpcFront", "available", "build_grpc_front_door"]
 
 log = logging.getLogger("recserve.server")
 
-FLUSH_SECONDS = 0.5
 # The natively served calls' route labels, as the Python servicers': by protocol, in
 # grpc_front.cc's order (EAS, TF Serving).
 ROUTES = ("eas_grpc", tfserving_grpc.ROUTE)
@@ -152,15 +152,14 @@ class GrpcFront:
         self._lib.rs_front_set_native(self._address, self._index[name], int(on))
 
     def _label(self, servable_id: int, version: str, global_step: int) -> None:
-        self._lib.rs_front_label(self._address, servable_id, version.encode(),
-                            version_number(version, global_step))
+        self._lib.rs_front_label(self._address, servable_id, version.encode(), version_number(version, global_step))
 
     def start(self, address: str, upstream: str, *, reuse_port: bool) -> int:
         """Listen on `address` (host:port), forwarding to the grpcio server at `upstream`;
         the port bound. RecserveError when the port cannot be had."""
         err = ctypes.create_string_buffer(512)
         port = self._lib.rs_front_start(self._address, address.encode(), upstream.encode(), int(reuse_port),
-                                   self._ctx.settings.max_request_bytes, err, len(err))
+                                        self._ctx.settings.max_request_bytes, err, len(err))
         if port < 0:
             raise RecserveError(err.value.decode())
         if not self._flushed_for_us:
@@ -193,12 +192,11 @@ class GrpcFront:
 
     def flush(self) -> None:
         """Add what the C++ side served since the last flush to the server's metrics."""
-        size = _STATS_SIZE
         with self._lock:
             for name, index in self._index.items():
                 for protocol, route in enumerate(ROUTES):
-                    now = np.zeros(size, np.int64)
-                    self._lib.rs_front_stats(self._address, index, protocol, now.ctypes.data_as(_P64), size)
+                    now = np.zeros(_STATS_SIZE, np.int64)
+                    self._lib.rs_front_stats(self._address, index, protocol, now.ctypes.data_as(_P64), _STATS_SIZE)
                     delta, self._last[name, route] = now - self._last[name, route], now
                     if delta.any():
                         self._ctx.metrics.add_native(name, route, _counts(delta))
