@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
 from recserve.server.pool_flush import PoolFlush
+from tests.server.prometheus_updates import CALLS, STAGES, observe_one_by_one
 from tests.threads import Threads
 
 BUCKETS = (0.0001, 0.001, 0.25, 1.0, 2.5)
@@ -105,33 +106,21 @@ def test_request_recorder_same_text_as_prometheus_client_updates() -> None:
 
     requests, seconds, cpu, stage, batch = _request_families(
         lambda *a: LocalCounter(local, *a), lambda *a: LocalHistogram(local, *a))
-    stages = ("decode", "lookup", "run", "encode")
     record = RequestRecorder(local.lock, requests.labels("m", "eas", "200"), seconds.labels("m", "eas"),
-                             cpu.labels("m", "eas"), [stage.labels("m", s) for s in stages], batch.labels("m"))
-    p_requests, p_seconds, p_cpu, p_stage, p_batch = _request_families(
+                             cpu.labels("m", "eas"), [stage.labels("m", s) for s in STAGES], batch.labels("m"))
+    theirs_families = _request_families(
         lambda *a: Counter(*a, registry=registry), lambda *a: Histogram(*a[:3], buckets=a[3], registry=registry))
-    for name in stages:  # the children made in the same order (as ServerMetrics makes them up front)
-        p_stage.labels("m", name)
-    # Binary fractions: their sums are exact in any order, as threads add them.
-    calls = [(2 ** -13, 2 ** -14, (2 ** -16, 0.0, 2 ** -12, 0.25), 64), (1.0, 0.5, (0.0, 0.0, 0.0, 0.0), 0),
-             (3.0, 0.0, (2.5, 2 ** -14, 1.0, 2 ** -10), 1), (0.0, 0.25, (0.0, 2 ** -13, 0.0, 0.0), 100)]
+    for name in STAGES:  # the children made in the same order (as ServerMetrics makes them up front)
+        theirs_families[3].labels("m", name)
 
     def ours() -> None:
         for _ in range(500):
-            for call in calls:
+            for call in CALLS:
                 record(*call)
 
     def theirs() -> None:
         for _ in range(500):
-            for took, spent, stage_seconds, rows in calls:
-                p_requests.labels("m", "eas", "200").inc()
-                p_seconds.labels("m", "eas").observe(took)
-                p_cpu.labels("m", "eas").inc(spent)
-                for name, value in zip(stages, stage_seconds):
-                    if value:
-                        p_stage.labels("m", name).observe(value)
-                if rows:
-                    p_batch.labels("m").observe(rows)
+            observe_one_by_one(*theirs_families, CALLS)
 
     Threads([ours] * 4 + [theirs] * 4, "recording requests both ways").join(timeout=60)
     ours_text, theirs_text = generate_latest(ours_registry), generate_latest(registry)

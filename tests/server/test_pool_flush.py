@@ -21,13 +21,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from recserve.server.local_metrics import LocalCounter, LocalHistogram, LocalMetrics, RequestRecorder
 from recserve.server.pool_flush import PoolFlush
 from tests.server.conftest import ROOT
+from tests.server.prometheus_updates import CALLS, STAGES, observe_one_by_one
 from tests.threads import Threads
 
 BUCKETS = (0.0001, 0.001, 0.25, 1.0, 2.5)
-STAGES = ("decode", "lookup", "run", "encode")
-# Binary fractions: their sums are exact in any order, as threads and flushes add them.
-CALLS = [(2 ** -13, 2 ** -14, (2 ** -16, 0.0, 2 ** -12, 0.25), 64), (1.0, 0.5, (0.0, 0.0, 0.0, 0.0), 0),
-         (3.0, 0.0, (2.5, 2 ** -14, 1.0, 2 ** -10), 1), (0.0, 0.25, (0.0, 2 ** -13, 0.0, 0.0), 100)]
 
 
 def _families(counter: Any, histogram: Any) -> tuple[Any, ...]:
@@ -69,15 +66,7 @@ def _one_by_one(repeat: int) -> str:
     for name in STAGES:  # made in the same order as the pool's
         stage.labels("m", name)
     for _ in range(repeat):
-        for took, spent, stage_seconds, rows in CALLS:
-            requests.labels("m", "eas", "200").inc()
-            seconds.labels("m", "eas").observe(took)
-            cpu.labels("m", "eas").inc(spent)
-            for name, value in zip(STAGES, stage_seconds):
-                if value:
-                    stage.labels("m", name).observe(value)
-            if rows:
-                batch.labels("m").observe(rows)
+        observe_one_by_one(requests, seconds, cpu, stage, batch, CALLS)
         refused.inc()
     return generate_latest(registry).decode()
 
